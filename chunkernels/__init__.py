@@ -1,0 +1,44 @@
+"""chunkernels: custom GPU kernels over chunked arrays, with CPU references that define the result.
+
+>>> import numpy as np, dask.array as da, chunkernels
+>>> x = da.ones((4, 6), chunks=(2, 3))
+>>> chunkernels.apply(x, "broadcast_add", np.arange(6.0)).compute()[0]
+array([1., 2., 3., 4., 5., 6.])
+
+Importing chunkernels imports neither CuPy nor CUDA; kernels compile on first use, per device.
+"""
+
+from chunkernels._apply import BlockFunction, apply, blockwise
+from chunkernels._dispatch import run_block
+from chunkernels._errors import (
+    AlignmentError,
+    CPUFallbackWarning,
+    DuplicateKernelError,
+    HaloError,
+    KernelSpecError,
+    UnknownKernelError,
+    UnsupportedBlockError,
+)
+from chunkernels._registry import KernelSpec, describe, get, kernels, register, unregister
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlignmentError",
+    "BlockFunction",
+    "CPUFallbackWarning",
+    "DuplicateKernelError",
+    "HaloError",
+    "KernelSpec",
+    "KernelSpecError",
+    "UnknownKernelError",
+    "UnsupportedBlockError",
+    "apply",
+    "blockwise",
+    "describe",
+    "get",
+    "kernels",
+    "register",
+    "run_block",
+    "unregister",
+]

@@ -1,0 +1,288 @@
+"""``apply`` and ``blockwise``: registered kernels over Dask, NumPy and CuPy arrays.
+
+Everything that can be wrong with the inputs is checked here, before a graph is built: operand
+shapes and chunk alignment (Dask's ``map_blocks`` pairs blocks by position whatever their sizes),
+halo depth against chunk and array sizes, parameters.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from chunkernels import cuda
+from chunkernels._dispatch import run_block
+from chunkernels._errors import AlignmentError, HaloError
+from chunkernels._registry import KernelSpec, ensure_registered, get
+
+
+class BlockFunction:
+    """A registered kernel bound to its parameters, callable on blocks.
+
+    Pass it to ``dask.array.map_blocks`` / ``map_overlap`` in your own graphs; it computes
+    NumPy blocks with the CPU reference and CuPy blocks on the GPU, and tells Dask what it needs::
+
+        f = chunkernels.blockwise("broadcast_add")
+        z = da.map_blocks(f, x, y, **f.kwargs(x, y))
+
+    The spec travels with the function, so user-registered kernels also run on Dask workers in
+    other processes.
+    """
+
+    def __init__(self, spec: KernelSpec, params: Mapping[str, Any] | None = None, *,
+                 strict: bool = False):
+        self.spec = spec
+        self.raw_params = dict(params or {})
+        self.strict = strict
+        self._params: dict[int, dict[str, Any]] = {}
+
+    def __repr__(self):
+        params = ", ".join(f"{k}={v!r}" for k, v in self.raw_params.items())
+        return f"blockwise({self.spec.name!r}{', ' if params else ''}{params})"
+
+    def params(self, ndim: int) -> dict[str, Any]:
+        """Parameters validated for ``ndim``-dimensional blocks (cached)."""
+        params = self._params.get(ndim)
+        if params is None:
+            params = self._params[ndim] = self.spec.params(ndim, self.raw_params)
+        return params
+
+    def depth(self, ndim: int) -> dict[int, int]:
+        """Halo depth per axis that ``map_overlap`` must give this kernel."""
+        return dict(enumerate(self.spec.depth(ndim, self.params(ndim))))
+
+    @property
+    def boundary(self) -> str:
+        """Dask boundary for ``map_overlap`` (``"none"``: the kernel applies its own edge mode)."""
+        return self.spec.boundary(**self.raw_params)
+
+    def dtype(self, x_dtype, *operand_dtypes) -> np.dtype:
+        """Result dtype for inputs of these dtypes."""
+        return self.spec.out_dtype(x_dtype, operand_dtypes, self.raw_params)
+
+    def kwargs(self, x, *operands) -> dict[str, Any]:
+        """Keyword arguments for ``da.map_blocks`` (no halo) or ``da.map_overlap`` on ``x``."""
+        dtype = self.dtype(x.dtype, *(o.dtype for o in operands))
+        out = {"dtype": dtype, "meta": _meta(x, dtype)}
+        depth = self.depth(x.ndim)
+        if any(depth.values()):
+            out.update(depth=depth, boundary=self.boundary)
+        return out
+
+    def __call__(self, block, *operands):
+        ensure_registered(self.spec)
+        return run_block(self.spec, block, operands, self.params(block.ndim), strict=self.strict)
+
+    def __dask_tokenize__(self):
+        from dask.base import tokenize
+
+        return ("chunkernels", self.spec.name, tokenize(self.raw_params), self.strict)
+
+
+def blockwise(kernel: str, *, strict: bool = False, **params: Any) -> BlockFunction:
+    """A map_blocks/map_overlap-compatible block function for registered kernel ``kernel``.
+
+    Parameters
+    ----------
+    kernel
+        Registered kernel name.
+    strict
+        Raise instead of falling back to the CPU reference on blocks the GPU path refuses.
+    **params
+        The kernel's parameters.
+
+    Returns
+    -------
+    BlockFunction
+        Callable on blocks, with ``.depth(ndim)``, ``.boundary``, ``.dtype(...)`` and
+        ``.kwargs(x, *operands)`` for Dask.
+    """
+    return BlockFunction(get(kernel), params, strict=strict)
+
+
+def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
+          allow_rechunk: bool = False, **params: Any):
+    """Apply registered kernel ``kernel`` to ``x`` (and its extra array operands).
+
+    Parameters
+    ----------
+    x
+        A Dask array (NumPy or CuPy chunks), a ``numpy.ndarray`` or a ``cupy.ndarray``.
+    kernel
+        Registered kernel name (``chunkernels.kernels()`` lists them).
+    *operands
+        The kernel's extra array operands, in the order its spec names them. NumPy/CuPy arrays
+        and Python scalars are accepted with a Dask ``x`` and chunked to match it.
+    strict
+        Raise :class:`UnsupportedBlockError` on blocks the GPU path refuses, instead of computing
+        them with the CPU reference and a :class:`CPUFallbackWarning`.
+    align
+        Rechunk Dask operands whose chunks do not line up with ``x``, instead of raising
+        :class:`AlignmentError`.
+    allow_rechunk
+        Rechunk ``x`` where its chunks are smaller than the kernel's halo, instead of raising
+        :class:`HaloError`.
+    **params
+        The kernel's parameters.
+
+    Returns
+    -------
+    Same type as ``x``: a lazy Dask array with the right ``meta`` and ``dtype``, or a computed
+    NumPy / CuPy array.
+    """
+    spec = get(kernel)
+    if len(operands) != len(spec.operands):
+        names = ", ".join(spec.operands) or "none"
+        raise TypeError(f"{spec.name} takes {len(spec.operands)} array operand(s) after x "
+                        f"({names}); got {len(operands)}")
+    if _is_dask(x):
+        return _apply_dask(spec, x, operands, params, strict=strict, align=align,
+                           allow_rechunk=allow_rechunk)
+    if not (isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
+        raise TypeError(f"apply takes a dask.array.Array, numpy.ndarray or cupy.ndarray; got "
+                        f"{type(x).__module__}.{type(x).__name__} (convert it with np.asarray, "
+                        f"cupy.asarray or dask.array.from_array)")
+    params = spec.params(x.ndim, params)
+    xp = cuda.cupy() if cuda.is_cupy_array(x) else np
+    operands = tuple(_as_array(xp, o, x.dtype) for o in operands)
+    for name, op in zip(spec.operands, operands):
+        _check_shape(spec, name, op, x)
+    return run_block(spec, x, operands, params, strict=strict)
+
+
+def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
+    import dask.array as da
+
+    params = spec.params(x.ndim, params)
+    fn = BlockFunction(spec, params, strict=strict)
+    fn._params[x.ndim] = params
+    xp = cuda.cupy() if cuda.is_cupy_array(x._meta) else np
+    ops = []
+    for name, op in zip(spec.operands, operands):
+        if not _is_dask(op):
+            op = _as_array(xp, op, x.dtype)
+            _check_shape(spec, name, op, x)
+            op = da.from_array(op, chunks=_matching_chunks(op, x), asarray=False)
+        ops.append(_aligned(spec, name, op, x, align))
+
+    dtype = spec.out_dtype(x.dtype, [o.dtype for o in ops], params)
+    meta = _meta(x, dtype)
+    depth = spec.depth(x.ndim, params)
+    # Along an axis of one chunk there are no neighbours: the kernel's own edge mode does it all.
+    depth = tuple(0 if len(c) == 1 else d for c, d in zip(x.chunks, depth))
+    if not any(depth):
+        return da.map_blocks(fn, x, *ops, dtype=dtype, meta=meta, name=f"{spec.name}-{_token(fn, x, ops)}")
+
+    for name, op in zip(spec.operands, ops):
+        if op.shape != x.shape:
+            raise AlignmentError(f"{spec.name} has a halo, so operand {name!r} must have x's shape "
+                                 f"{x.shape}; got {op.shape} (broadcast it first: "
+                                 f"da.broadcast_to({name}, x.shape).rechunk(x.chunks))")
+    x, ops, depth = _ensure_halo(spec, x, ops, depth, allow_rechunk)
+    return da.map_overlap(fn, x, *ops, depth=[dict(enumerate(depth))] * (1 + len(ops)),
+                          boundary=spec.boundary(**params), trim=True, align_arrays=False,
+                          allow_rechunk=False, dtype=dtype, meta=meta)
+
+
+def _ensure_halo(spec, x, ops, depth, allow_rechunk):
+    """Check the halo against chunk and array sizes; rechunk only when allowed."""
+    from dask.array.overlap import ensure_minimum_chunksize
+
+    fixes = {}
+    for axis, (d, chunks) in enumerate(zip(depth, x.chunks)):
+        if d == 0:
+            continue
+        if any(np.isnan(c) for c in chunks):
+            raise HaloError(f"{spec.name}: x has unknown chunk sizes along axis {axis}; call "
+                            f"x.compute_chunk_sizes() first")
+        if min(chunks) >= d:
+            continue
+        size = sum(chunks)
+        fixes[axis] = (size,) if d >= size else ensure_minimum_chunksize(d, chunks)
+    if fixes and not allow_rechunk:
+        detail = "; ".join(
+            f"axis {a}: halo {depth[a]}, chunks {x.chunks[a]}"
+            + (f" (the halo is not smaller than the array's {x.shape[a]})" if depth[a] >= x.shape[a] else "")
+            for a in fixes)
+        raise HaloError(
+            f"{spec.name}: chunks are smaller than the halo the kernel's parameters need ({detail}). "
+            f"Rechunk first, e.g. x = x.rechunk({_fmt_rechunk(fixes)}), or pass allow_rechunk=True"
+        )
+    if fixes:
+        x = x.rechunk(fixes)
+        ops = [op.rechunk(fixes) for op in ops]
+        depth = tuple(0 if len(c) == 1 else d for c, d in zip(x.chunks, depth))
+    return x, ops, depth
+
+
+def _fmt_rechunk(fixes):
+    return "{" + ", ".join(f"{a}: {c[0] if len(c) == 1 else c}" for a, c in fixes.items()) + "}"
+
+
+def _check_shape(spec, name, op, x):
+    """``op`` must broadcast to ``x.shape`` (or equal it, for ``alignment='same'``)."""
+    if spec.alignment == "same":
+        ok = op.shape == x.shape
+        want = f"x's shape {x.shape}"
+    else:
+        ok = op.ndim <= x.ndim and all(
+            n in (1, m) for n, m in zip(op.shape[::-1], x.shape[::-1]))
+        want = f"a shape that broadcasts to x's shape {x.shape} without changing it"
+    if not ok:
+        raise AlignmentError(f"{spec.name}: operand {name!r} has shape {op.shape}; it needs {want}")
+
+
+def _matching_chunks(op, x):
+    """Chunks for an in-memory operand so its blocks pair with ``x``'s (right-aligned)."""
+    lead = x.ndim - op.ndim
+    return tuple(x.chunks[lead + j] if n == x.shape[lead + j] else (n,)
+                 for j, n in enumerate(op.shape))
+
+
+def _aligned(spec, name, op, x, align):
+    """``op`` with chunks lining up with ``x``'s along every shared axis, or an error."""
+    _check_shape(spec, name, op, x)
+    lead = x.ndim - op.ndim
+    wrong = {}
+    for j, n in enumerate(op.shape):
+        a = lead + j
+        if n == x.shape[a] and op.chunks[j] != x.chunks[a]:
+            wrong[j] = x.chunks[a]
+    if not wrong:
+        return op
+    if align:
+        return op.rechunk(wrong)
+    j = next(iter(wrong))
+    raise AlignmentError(
+        f"{spec.name}: operand {name!r} is chunked {op.chunks[j]} along its axis {j}, which lines "
+        f"up with x's axis {lead + j}, chunked {x.chunks[lead + j]}; Dask's map_blocks would pair "
+        f"blocks of different sizes. Rechunk it to match: {name} = {name}.rechunk("
+        f"{ {k: v for k, v in wrong.items()} }), or pass align=True"
+    )
+
+
+def _as_array(xp, value, x_dtype):
+    """An operand as an array of ``x``'s array type; Python scalars keep NumPy's weak typing."""
+    if isinstance(value, numbers.Number) and not isinstance(value, np.generic):
+        return xp.asarray(value, dtype=np.result_type(x_dtype, value))
+    if xp is np:
+        return value.get() if cuda.is_cupy_array(value) else np.asarray(value)
+    return xp.asarray(value)
+
+
+def _meta(x, dtype):
+    xp = cuda.cupy() if cuda.is_cupy_array(getattr(x, "_meta", x)) else np
+    return xp.empty((0,) * x.ndim, dtype=dtype)
+
+
+def _is_dask(a) -> bool:
+    return type(a).__module__.startswith("dask.") and hasattr(a, "chunks") and hasattr(a, "dask")
+
+
+def _token(fn, x, ops):
+    from dask.base import tokenize
+
+    return tokenize(fn, x, *ops)

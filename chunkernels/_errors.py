@@ -1,0 +1,35 @@
+"""Exceptions and warnings raised by chunkernels.
+
+Every message states what went wrong, the values seen, what would be accepted and how to fix it.
+"""
+
+
+class UnknownKernelError(KeyError):
+    """A kernel name that is not in the registry."""
+
+    def __str__(self):  # KeyError quotes its argument; show the message as written
+        return str(self.args[0]) if self.args else ""
+
+
+class DuplicateKernelError(ValueError):
+    """A kernel registered under a name that is already taken."""
+
+
+class KernelSpecError(ValueError):
+    """A kernel description that is incomplete or contradicts itself."""
+
+
+class AlignmentError(ValueError):
+    """Extra array operands whose shape or chunks do not line up with ``x``."""
+
+
+class HaloError(ValueError):
+    """A halo (overlap depth) that the chunks or the array cannot provide."""
+
+
+class UnsupportedBlockError(TypeError):
+    """A block the kernel's GPU path refuses (dtype, ndim, layout), raised under ``strict=True``."""
+
+
+class CPUFallbackWarning(UserWarning):
+    """A GPU block was computed by the CPU reference because the GPU path refused it."""

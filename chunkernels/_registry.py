@@ -1,0 +1,381 @@
+"""The kernel registry: one frozen :class:`KernelSpec` per kernel name.
+
+Built-in kernels live in :mod:`chunkernels.kernels` (one module each); third-party packages add
+theirs through the entry-point group ``chunkernels.kernels``, loaded the first time a name is looked
+up or the registry is listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import importlib
+import re
+import textwrap
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+import numpy as np
+
+from chunkernels._errors import DuplicateKernelError, KernelSpecError, UnknownKernelError
+
+ENTRY_POINT_GROUP = "chunkernels.kernels"
+KINDS = ("raw", "elementwise", "reduction")
+ALIGNMENTS = ("broadcast", "same")
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SOURCE_FILE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\.cu")
+
+
+def _no_halo(ndim: int, **params: Any) -> tuple[int, ...]:
+    return (0,) * ndim
+
+
+def _edge_handled_by_kernel(**params: Any) -> str:
+    return "none"
+
+
+def _numpy_result_type(x_dtype: np.dtype, *operand_dtypes: np.dtype, **params: Any) -> np.dtype:
+    return np.result_type(x_dtype, *operand_dtypes)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelSpec:
+    """Everything chunkernels knows about one kernel, described once.
+
+    Parameters
+    ----------
+    name
+        Identifier the kernel is called by (``apply(x, name, ...)``); never a path.
+    cpu
+        CPU reference, ``cpu(x, *operands, **params) -> numpy.ndarray``. It defines the result.
+    gpu
+        Stride-aware GPU dispatch, ``gpu(x, *operands, **params) -> cupy.ndarray``, or ``None`` for
+        a CPU-only kernel. It receives CuPy arrays on the block's device and must not synchronise.
+    kind
+        ``"raw"`` (``cupy.RawModule``/``RawKernel``), ``"elementwise"`` or ``"reduction"``.
+    source
+        File name of the CUDA source in ``kernels_cuda/`` (``"broadcast_add.cu"``).
+    code
+        Inline CUDA source, for user kernels that do not ship a file. At most one of the two.
+    entries
+        Kernel entry names or C++ template patterns compiled through ``name_expressions``.
+    dtypes
+        Dtypes the GPU path accepts, for ``x`` and every operand.
+    ndim
+        ``(min, max)`` number of dimensions the GPU path accepts; ``max=None`` for any.
+    operands
+        Names of the extra array operands, in the order ``apply`` takes them.
+    alignment
+        How operands line up with ``x``: ``"broadcast"`` (NumPy broadcasting to ``x.shape``,
+        right-aligned) or ``"same"`` (same shape as ``x``).
+    halo
+        ``halo(ndim, **params) -> tuple`` of per-axis overlap depth; zero for pointwise kernels.
+    halo_rule
+        The halo rule in words, for listings (``"ceil(truncate * sigma)"``).
+    boundary
+        ``boundary(**params) -> str``: Dask's boundary for the halo exchange. ``"none"`` when the
+        kernel applies its own edge mode at the array's outer edge, ``"periodic"`` for wrap.
+    result_dtype
+        ``result_dtype(x_dtype, *operand_dtypes, **params) -> numpy.dtype``; NumPy's promotion
+        by default.
+    supports
+        Extra check ``supports(block, *operands, **params) -> (bool, reason)`` run on GPU blocks
+        after the dtype and ndim checks.
+    contiguous
+        The GPU dispatch needs C-contiguous inputs; the copy is then made explicitly before it.
+    validate
+        ``validate(ndim, **params) -> dict`` normalises and checks parameters once per call.
+    cases
+        ``cases(rng) -> iterable of (x, operands, params)``: random inputs for ``chunkernels check``.
+    summary
+        One line saying what the kernel computes and what its reference is.
+    """
+
+    name: str
+    cpu: Callable[..., Any]
+    gpu: Callable[..., Any] | None = None
+    kind: str = "raw"
+    source: str | None = None
+    code: str | None = None
+    entries: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ("float32", "float64")
+    ndim: tuple[int, int | None] = (0, None)
+    operands: tuple[str, ...] = ()
+    alignment: str = "broadcast"
+    halo: Callable[..., tuple[int, ...]] = _no_halo
+    halo_rule: str = "0"
+    boundary: Callable[..., str] = _edge_handled_by_kernel
+    result_dtype: Callable[..., np.dtype] = _numpy_result_type
+    supports: Callable[..., tuple[bool, str]] | None = None
+    contiguous: bool = False
+    validate: Callable[..., Mapping[str, Any]] | None = None
+    cases: Callable[..., Iterable[tuple[Any, tuple, dict]]] | None = None
+    summary: str = ""
+
+    def __post_init__(self):
+        def bad(what):
+            raise KernelSpecError(f"kernel {self.name!r}: {what}")
+
+        if not isinstance(self.name, str) or not _IDENTIFIER.fullmatch(self.name):
+            raise KernelSpecError(
+                f"kernel name {self.name!r} is not an identifier: names are like 'broadcast_add' "
+                "(letters, digits, underscores), never paths"
+            )
+        if self.kind not in KINDS:
+            bad(f"kind={self.kind!r}; expected one of {KINDS}")
+        if self.alignment not in ALIGNMENTS:
+            bad(f"alignment={self.alignment!r}; expected one of {ALIGNMENTS}")
+        if not callable(self.cpu):
+            bad("cpu must be the CPU reference function")
+        if self.gpu is not None and not callable(self.gpu):
+            bad("gpu must be a dispatch function or None")
+        if self.source is not None and self.code is not None:
+            bad("give either source (a file in kernels_cuda/) or code (inline), not both")
+        if self.source is not None and not _SOURCE_FILE.fullmatch(self.source):
+            bad(f"source={self.source!r} must be a bare file name like 'my_kernel.cu' in kernels_cuda/")
+        for dt in self.dtypes:
+            np.dtype(dt)
+        lo, hi = self.ndim
+        if lo < 0 or (hi is not None and hi < lo):
+            bad(f"ndim={self.ndim!r} is not a (min, max) range")
+        for op in self.operands:
+            if not _IDENTIFIER.fullmatch(op):
+                bad(f"operand name {op!r} is not an identifier")
+        # tuples, so the spec stays hashable and frozen
+        for field in ("entries", "dtypes", "operands"):
+            object.__setattr__(self, field, tuple(getattr(self, field)))
+        object.__setattr__(self, "ndim", (lo, hi))
+
+    # -- derived facts, computed the same way everywhere -------------------------------------
+
+    def params(self, ndim: int, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Validated, normalised parameters for an ``ndim``-dimensional input."""
+        if self.validate is None:
+            return dict(params)
+        return dict(self.validate(ndim, **params))
+
+    def depth(self, ndim: int, params: Mapping[str, Any]) -> tuple[int, ...]:
+        """Per-axis halo depth for validated ``params``."""
+        depth = self.halo(ndim, **params)
+        if isinstance(depth, int | np.integer):
+            depth = (int(depth),) * ndim
+        depth = tuple(int(d) for d in depth)
+        if len(depth) != ndim or any(d < 0 for d in depth):
+            raise KernelSpecError(
+                f"kernel {self.name!r}: halo() returned {depth!r} for ndim={ndim}; "
+                f"expected {ndim} non-negative integers"
+            )
+        return depth
+
+    def out_dtype(self, x_dtype, operand_dtypes=(), params=None) -> np.dtype:
+        """Result dtype for inputs of these dtypes."""
+        return np.dtype(self.result_dtype(np.dtype(x_dtype), *map(np.dtype, operand_dtypes),
+                                          **(params or {})))
+
+    def check_block(self, block, *operands, **params) -> tuple[bool, str]:
+        """Whether the GPU path takes this block: ``(ok, reason)``."""
+        if self.gpu is None:
+            return False, f"{self.name} has no GPU implementation"
+        for label, arr in (("x", block), *zip(self.operands, operands)):
+            if arr.dtype.name not in self.dtypes:
+                return False, (f"{label} has dtype {arr.dtype.name}; the GPU path takes "
+                               f"{', '.join(self.dtypes)}")
+        lo, hi = self.ndim
+        if block.ndim < lo or (hi is not None and block.ndim > hi):
+            return False, f"x has ndim={block.ndim}; the GPU path takes {self.ndim_text}"
+        if self.supports is not None:
+            ok, reason = self.supports(block, *operands, **params)
+            if not ok:
+                return False, reason
+        return True, ""
+
+    @property
+    def ndim_text(self) -> str:
+        lo, hi = self.ndim
+        if hi is None:
+            return f">={lo}" if lo else "any"
+        return str(lo) if lo == hi else f"{lo}..{hi}"
+
+    def describe(self) -> str:
+        """The spec in readable form."""
+        where = self.source and f"kernels_cuda/{self.source}" or ("inline" if self.code else "-")
+        rows = [
+            ("name", self.name),
+            ("summary", self.summary or "-"),
+            ("kind", self.kind),
+            ("source", where),
+            ("entries", ", ".join(self.entries) or "-"),
+            ("dtypes", ", ".join(self.dtypes)),
+            ("ndim", self.ndim_text),
+            ("operands", ", ".join(self.operands) or "-"),
+            ("alignment", self.alignment if self.operands else "-"),
+            ("halo", self.halo_rule),
+            ("gpu", "yes" if self.gpu is not None else "no (CPU reference only)"),
+            ("contiguous", "copies to C order first" if self.contiguous else "any strides"),
+            ("cpu reference", f"{self.cpu.__module__}.{self.cpu.__qualname__}"),
+        ]
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {textwrap.shorten(str(v), 200)}" for k, v in rows)
+
+
+# -- the registry ---------------------------------------------------------------------------
+
+_REGISTRY: dict[str, KernelSpec] = {}
+_ORIGIN: dict[str, str] = {}
+_LOCK = threading.RLock()
+_loaded = {"builtins": False, "entry_points": False}
+
+
+def register(spec: KernelSpec | None = None, /, *, replace: bool = False,
+             origin: str | None = None, **fields: Any) -> KernelSpec:
+    """Add a kernel to the registry.
+
+    Call it with a :class:`KernelSpec`, or with the spec's fields as keywords
+    (``register(name="my_add", cpu=..., gpu=..., code=...)``).
+
+    Parameters
+    ----------
+    spec
+        The kernel description; omit it to build one from ``fields``.
+    replace
+        Replace a kernel already registered under the same name instead of raising.
+    origin
+        Where the kernel came from, shown in duplicate-name errors (defaults to the module of
+        its CPU reference).
+
+    Returns
+    -------
+    KernelSpec
+        The registered spec.
+
+    Raises
+    ------
+    DuplicateKernelError
+        When the name is taken and ``replace`` is false.
+    """
+    if spec is None:
+        spec = KernelSpec(**fields)
+    elif fields:
+        raise TypeError("pass either a KernelSpec or its fields as keywords, not both")
+    if not isinstance(spec, KernelSpec):
+        raise TypeError(f"register() takes a KernelSpec, got {type(spec).__name__}")
+    origin = origin or getattr(spec.cpu, "__module__", "?")
+    with _LOCK:
+        _load_builtins()
+        if spec.name in _REGISTRY and not replace:
+            raise DuplicateKernelError(
+                f"a kernel named {spec.name!r} is already registered (from {_ORIGIN[spec.name]}); "
+                f"register yours under another name, or pass replace=True to override it on "
+                f"purpose (chunkernels.unregister({spec.name!r}) removes it)"
+            )
+        _REGISTRY[spec.name] = spec
+        _ORIGIN[spec.name] = origin
+    return spec
+
+
+def unregister(name: str) -> KernelSpec:
+    """Remove a kernel from the registry and return its spec."""
+    with _LOCK:
+        spec = get(name)
+        del _REGISTRY[name]
+        del _ORIGIN[name]
+    return spec
+
+
+def get(name: str) -> KernelSpec:
+    """The spec registered under ``name``.
+
+    Raises
+    ------
+    UnknownKernelError
+        Listing the closest registered names.
+    """
+    if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
+        raise UnknownKernelError(
+            f"{name!r} is not a kernel name: names are identifiers like 'broadcast_add', "
+            f"never paths; chunkernels.kernels() lists them"
+        )
+    spec = _REGISTRY.get(name)
+    if spec is not None:
+        return spec
+    with _LOCK:
+        _load_builtins()
+        if name not in _REGISTRY:
+            _load_entry_points()
+        spec = _REGISTRY.get(name)
+    if spec is None:
+        close = difflib.get_close_matches(name, list(_REGISTRY), n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+        raise UnknownKernelError(
+            f"no kernel named {name!r}; {hint}registered kernels: {', '.join(sorted(_REGISTRY))}"
+        )
+    return spec
+
+
+def kernels() -> list[str]:
+    """Names of all registered kernels, sorted."""
+    with _LOCK:
+        _load_builtins()
+        _load_entry_points()
+        return sorted(_REGISTRY)
+
+
+def describe(name: str) -> str:
+    """A readable description of kernel ``name``'s spec."""
+    return get(name).describe()
+
+
+def _load_builtins() -> None:
+    if _loaded["builtins"]:
+        return
+    _loaded["builtins"] = True
+    from chunkernels.kernels import BUILTIN
+
+    for module_name in BUILTIN:
+        module = importlib.import_module(f"chunkernels.kernels.{module_name}")
+        spec = module.SPEC
+        if spec.name in _REGISTRY:
+            raise DuplicateKernelError(f"built-in kernel {spec.name!r} registered twice")
+        _REGISTRY[spec.name] = spec
+        _ORIGIN[spec.name] = module.__name__
+
+
+def _load_entry_points() -> None:
+    """Register kernels that installed packages publish under ``chunkernels.kernels``.
+
+    An entry point names a KernelSpec, an iterable of them, or a callable returning either. A
+    broken plug-in is reported with a warning and skipped: it must not break every other kernel.
+    """
+    if _loaded["entry_points"]:
+        return
+    _loaded["entry_points"] = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, KernelSpec):
+                obj = obj()
+            specs = [obj] if isinstance(obj, KernelSpec) else list(obj)
+            for spec in specs:
+                register(spec, origin=f"entry point {ep.name!r} ({ep.value})")
+        except Exception as exc:  # noqa: BLE001 - any plug-in failure is reported, not fatal
+            warnings.warn(
+                f"could not load chunkernels kernels from entry point {ep.name!r} "
+                f"({ep.value}): {type(exc).__name__}: {exc}",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+
+def ensure_registered(spec: KernelSpec) -> None:
+    """Register ``spec`` if its name is unknown here (a Dask worker receiving a user kernel)."""
+    if spec.name in _REGISTRY:
+        return
+    with _LOCK:
+        _load_builtins()
+        if spec.name not in _REGISTRY:
+            _REGISTRY[spec.name] = spec
+            _ORIGIN[spec.name] = "a task sent by the client"

@@ -1,0 +1,117 @@
+"""Lazy access to CUDA: CuPy is imported on first use and kernels compile on first launch.
+
+Nothing here runs at ``import chunkernels``: no CuPy import, no CUDA context. Compiled kernels are
+cached per device, keyed by everything that changes the generated code (kernel name, C++ name
+expression); launch geometry and array sizes are runtime arguments, so uneven edge chunks never
+trigger a recompile.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+#: NVRTC options every chunkernels kernel is compiled with. They belong to the library: users
+#: cannot pass compiler options, so a kernel behaves the same wherever it is compiled.
+COMPILE_OPTIONS = ("--std=c++17",)
+
+_FUNCTIONS: dict[tuple[int, str, str], Any] = {}
+_COMPILE_LOCK = threading.Lock()
+
+
+def cupy():
+    """The ``cupy`` module, imported on first use."""
+    try:
+        import cupy as cp
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise ImportError(
+            "this needs CuPy, which is not installed: pip install 'chunkernels[cuda12]' "
+            "(or [cuda13]) on a machine with an NVIDIA GPU"
+        ) from exc
+    return cp
+
+
+def is_cupy_array(a: Any) -> bool:
+    """Whether ``a`` is a ``cupy.ndarray``, answered without importing CuPy."""
+    cp = sys.modules.get("cupy")
+    return cp is not None and isinstance(a, cp.ndarray)
+
+
+def gpu_count() -> int:
+    """Number of CUDA devices usable through CuPy; 0 when CuPy or a driver is missing."""
+    try:
+        import cupy as cp
+
+        return cp.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no GPU"
+        return 0
+
+
+@functools.cache
+def source_dir() -> Path:
+    """The folder holding the CUDA sources.
+
+    An installed wheel carries them inside the package (``chunkernels/kernels_cuda``); a source
+    checkout keeps them at the repository's top (``kernels_cuda/``).
+    """
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "kernels_cuda", package.parent / "kernels_cuda"):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(
+        f"chunkernels' CUDA sources were not found in {package / 'kernels_cuda'} (installed "
+        f"wheel) nor in {package.parent / 'kernels_cuda'} (source checkout); reinstall chunkernels"
+    )
+
+
+def source(kernel: str) -> str:
+    """CUDA source text of registered kernel ``kernel`` (its file, or its inline code)."""
+    from chunkernels._registry import get
+
+    spec = get(kernel)
+    if spec.code is not None:
+        return spec.code
+    if spec.source is None:
+        raise ValueError(f"kernel {kernel!r} has no CUDA source (neither source= nor code=)")
+    return (source_dir() / spec.source).read_text()
+
+
+def function(kernel: str, name_expression: str):
+    """The compiled CUDA function ``name_expression`` of registered kernel ``kernel``.
+
+    Compiles on first use for the current device and caches the result per device, so a Dask
+    worker bound to GPU 3 compiles and runs on GPU 3. ``name_expression`` is a kernel entry name
+    or a C++ template instantiation such as ``"broadcast_add<float, float, float, int, 2, 4>"``.
+    """
+    cp = cupy()
+    key = (cp.cuda.runtime.getDevice(), kernel, name_expression)
+    fn = _FUNCTIONS.get(key)
+    if fn is None:
+        with _COMPILE_LOCK:
+            fn = _FUNCTIONS.get(key)
+            if fn is None:
+                module = cp.RawModule(code=source(kernel), options=COMPILE_OPTIONS,
+                                      name_expressions=[name_expression])
+                fn = _FUNCTIONS[key] = module.get_function(name_expression)
+    return fn
+
+
+def cuda_type(dtype) -> str:
+    """The CUDA C++ type name of a NumPy dtype."""
+    import numpy as np
+
+    try:
+        return _CUDA_TYPES[np.dtype(dtype).name]
+    except KeyError:
+        raise TypeError(f"no CUDA type for dtype {np.dtype(dtype).name}") from None
+
+
+_CUDA_TYPES = {
+    "float32": "float", "float64": "double",
+    "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
+    "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int",
+    "uint64": "unsigned long long", "bool": "bool",
+}

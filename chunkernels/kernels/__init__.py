@@ -1,0 +1,8 @@
+"""Built-in kernels, one module each: its spec, stride-aware GPU dispatch and CPU reference.
+
+To add a kernel, copy the quartet of an existing one (``kernels_cuda/NAME.cu``,
+``chunkernels/kernels/NAME.py``, ``tests/kernels/test_NAME.py``, ``docs/kernels/NAME.md``) and
+add its module name here.
+"""
+
+BUILTIN = ("broadcast_add",)
