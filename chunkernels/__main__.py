@@ -1,0 +1,5 @@
+import sys
+
+from chunkernels.cli import main
+
+sys.exit(main())

@@ -1,0 +1,103 @@
+"""``chunkernels check``: every kernel's paths against its CPU reference on random inputs.
+
+For each kernel and each of its sample cases (``KernelSpec.cases``) the CPU reference on the whole
+array defines the expected result; it is compared with ``apply`` on Dask arrays of NumPy chunks for
+several chunkings, and, where a GPU is present, with the GPU path on the whole array and on Dask
+arrays of CuPy chunks (views keep their strides on the device).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from chunkernels import cuda
+from chunkernels._apply import apply
+from chunkernels._registry import get, kernels
+from chunkernels.testing import assert_close, chunkings, to_device_view
+
+
+@dataclass
+class CheckResult:
+    kernel: str
+    path: str
+    cases: int
+    passed: int
+    detail: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.cases == 0:
+            return "skip"
+        return "pass" if self.passed == self.cases else "FAIL"
+
+
+def check(names=None, *, seed: int = 0, gpu: bool | None = None) -> list[CheckResult]:
+    """Validate kernels ``names`` (all by default); ``gpu=None`` checks the GPU path if one exists."""
+    if gpu is None:
+        gpu = cuda.gpu_count() > 0
+    results = []
+    for name in names or kernels():
+        spec = get(name)
+        rng = np.random.default_rng(seed)
+        cases = list(spec.cases(rng)) if spec.cases is not None else []
+        paths = {"cpu, dask chunks": _cpu_dask}
+        if gpu and spec.gpu is not None:
+            paths.update({"gpu, whole array": _gpu_whole, "gpu, dask chunks": _gpu_dask})
+        for path, run in paths.items():
+            passed, detail = 0, ""
+            for i, (x, ops, params) in enumerate(cases):
+                expected = spec.cpu(x, *ops, **spec.params(x.ndim, params))
+                try:
+                    run(spec, x, ops, params, expected)
+                    passed += 1
+                except Exception as exc:  # noqa: BLE001 - reported in the table
+                    detail = detail or f"case {i} (x {x.shape} {x.dtype}): {type(exc).__name__}: {exc}"
+            results.append(CheckResult(name, path, len(cases), passed, detail.splitlines()[0] if detail else ""))
+        if not gpu and spec.gpu is not None:
+            results.append(CheckResult(name, "gpu", 0, 0, "skipped: no CUDA GPU here"))
+    return results
+
+
+def _dask_cases(spec, x, ops, params):
+    import dask.array as da
+
+    depth = max(spec.depth(x.ndim, spec.params(x.ndim, params)), default=0)
+    for chunks in chunkings(x.shape, depth):
+        yield chunks, da.from_array(x, chunks=chunks, asarray=False)
+
+
+def _cpu_dask(spec, x, ops, params, expected):
+    for chunks, dx in _dask_cases(spec, x, ops, params):
+        got = apply(dx, spec.name, *ops, align=True, allow_rechunk=True, strict=True, **params)
+        assert_close(got.compute(), expected, err_msg=f"chunks {chunks}")
+
+
+def _gpu_whole(spec, x, ops, params, expected):
+    got = apply(to_device_view(x), spec.name, *map(to_device_view, ops), strict=True, **params)
+    assert cuda.is_cupy_array(got), f"GPU input gave {type(got).__name__}"
+    assert_close(got, expected)
+
+
+def _gpu_dask(spec, x, ops, params, expected):
+    dev_x = to_device_view(x)
+    dev_ops = tuple(map(to_device_view, ops))
+    for chunks, _ in _dask_cases(spec, x, ops, params):
+        import dask.array as da
+
+        dx = da.from_array(dev_x, chunks=chunks, asarray=False)
+        got = apply(dx, spec.name, *dev_ops, align=True, allow_rechunk=True, strict=True, **params)
+        assert cuda.is_cupy_array(got._meta), "GPU chunks gave a non-CuPy meta"
+        assert_close(got.compute(), expected, err_msg=f"chunks {chunks}")
+
+
+def format_table(results) -> str:
+    """The results as a fixed-width text table."""
+    rows = [("kernel", "path", "cases", "result", "detail")]
+    rows += [(r.kernel, r.path, str(r.cases), r.status, r.detail) for r in results]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + ("  " + row[4] if row[4] else "")
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

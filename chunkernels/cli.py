@@ -1,0 +1,93 @@
+"""The ``chunkernels`` command: list, describe, check and benchmark registered kernels."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from chunkernels import __version__
+
+
+def _list(args) -> int:
+    from chunkernels._registry import get, kernels
+
+    rows = [("name", "kind", "dtypes", "ndim", "halo", "source")]
+    for name in kernels():
+        s = get(name)
+        src = f"kernels_cuda/{s.source}" if s.source else ("inline" if s.code else "-")
+        rows.append((name, s.kind, ",".join(s.dtypes), s.ndim_text, s.halo_rule, src))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    return 0
+
+
+def _describe(args) -> int:
+    from chunkernels._registry import describe
+
+    for name in args.names:
+        print(describe(name))
+        print()
+    return 0
+
+
+def _check(args) -> int:
+    from chunkernels.check import check, format_table
+
+    gpu = False if args.cpu_only else None
+    results = check(args.names or None, seed=args.seed, gpu=gpu)
+    print(format_table(results))
+    if not any(r.path.startswith("gpu") and r.cases for r in results):
+        why = "--cpu-only given" if args.cpu_only else "no CUDA GPU found (CuPy missing or no device)"
+        print(f"\nGPU part skipped: {why}; the CPU path was checked.")
+    failed = [r for r in results if r.status == "FAIL"]
+    print(f"\n{sum(r.status == 'pass' for r in results)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+def _bench(args) -> int:
+    from chunkernels import bench
+
+    return bench.main(args)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="chunkernels", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"chunkernels {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="print the kernel registry")
+    p.set_defaults(run=_list)
+
+    p = sub.add_parser("describe", help="print kernels' specs")
+    p.add_argument("names", nargs="+", metavar="NAME")
+    p.set_defaults(run=_describe)
+
+    p = sub.add_parser("check", help="validate kernels against their CPU references")
+    p.add_argument("names", nargs="*", metavar="NAME", help="kernels to check (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
+    p.add_argument("--cpu-only", action="store_true", help="skip the GPU path even with a GPU")
+    p.set_defaults(run=_check)
+
+    p = sub.add_parser("bench", help="benchmark kernels side by side with peers (needs a GPU)")
+    from chunkernels import bench
+
+    bench.add_arguments(p)
+    p.set_defaults(run=_bench)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (KeyError, ValueError, TypeError) as exc:
+        from chunkernels._errors import UnknownKernelError
+
+        if isinstance(exc, UnknownKernelError):
+            print(f"chunkernels: {exc}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())
