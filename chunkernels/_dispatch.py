@@ -32,7 +32,7 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
         return spec.cpu(x, *(_to_host(o) for o in operands), **params)
 
     with x.device:
-        operands = tuple(xp.asarray(o) for o in operands)
+        operands = tuple(o if cuda.is_cupy_array(o) else xp.asarray(o) for o in operands)
         ok, reason = spec.check_block(x, *operands, **params)
         if not ok:
             if strict:

@@ -149,6 +149,9 @@ class KernelSpec:
         for field in ("entries", "dtypes", "operands"):
             object.__setattr__(self, field, tuple(getattr(self, field)))
         object.__setattr__(self, "ndim", (lo, hi))
+        # dtype objects hash and compare faster than dtype.name builds its string: the per-block
+        # check runs on every chunk
+        object.__setattr__(self, "_gpu_dtypes", frozenset(np.dtype(d) for d in self.dtypes))
 
     # -- derived facts, computed the same way everywhere -------------------------------------
 
@@ -181,7 +184,7 @@ class KernelSpec:
         if self.gpu is None:
             return False, f"{self.name} has no GPU implementation"
         for label, arr in (("x", block), *zip(self.operands, operands)):
-            if arr.dtype.name not in self.dtypes:
+            if arr.dtype not in self._gpu_dtypes:
                 return False, (f"{label} has dtype {arr.dtype.name}; the GPU path takes "
                                f"{', '.join(self.dtypes)}")
         lo, hi = self.ndim

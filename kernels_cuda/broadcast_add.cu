@@ -16,7 +16,8 @@
 // Threads run along the inner dim (blockIdx.x, threadIdx.x); each thread walks rows
 // (blockIdx.y, threadIdx.y) UNROLL at a time so that several independent loads are in flight.
 // A y that does not change along the outer dims (a row vector, the seed's case) is loaded once
-// per thread. For NDIM <= 2 the row index needs no division.
+// per thread. For NDIM <= 2 the row index needs no division. Plain cached loads and stores measured
+// 1% faster than streaming (.cs) hints on an H100 (docs/benchmarks.md).
 
 template <int BYTES> struct RawWord;
 template <> struct RawWord<4> { typedef unsigned int type; };
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(256) broadcast_add(
             const I r = row + u * step;
             if (r < rows) {
                 const I xoff = outer_offset<I, NDIM>(r, nb, nc, xs0, xs1, xs2) + col * xsc;
-                xv[u].raw = __ldcs(reinterpret_cast<const typename RawWord<sizeof(TX) * VEC>::type*>(x + xoff));
+                xv[u].raw = __ldg(reinterpret_cast<const typename RawWord<sizeof(TX) * VEC>::type*>(x + xoff));
                 if (y_fixed) {
 #pragma unroll
                     for (int k = 0; k < VEC; ++k) yv[u][k] = yfix[k];
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(256) broadcast_add(
 #pragma unroll
                 for (int k = 0; k < VEC; ++k)
                     zv.v[k] = static_cast<TZ>(xv[u].v[k]) + static_cast<TZ>(yv[u][k]);
-                __stcs(reinterpret_cast<typename RawWord<sizeof(TZ) * VEC>::type*>(z + (r * cols + col) * VEC), zv.raw);
+                *reinterpret_cast<typename RawWord<sizeof(TZ) * VEC>::type*>(z + (r * cols + col) * VEC) = zv.raw;
             }
         }
     }

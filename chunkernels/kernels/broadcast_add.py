@@ -7,6 +7,8 @@ CUDA source: ``kernels_cuda/broadcast_add.cu``.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from chunkernels import cuda, layout
@@ -27,22 +29,75 @@ def reference(x: np.ndarray, other: np.ndarray) -> np.ndarray:
 
 
 def dispatch(x, other):
-    """GPU path: launch ``broadcast_add`` on CuPy views without copying them."""
+    """GPU path: launch ``broadcast_add`` on CuPy views without copying them.
+
+    Interior Dask blocks share shape, strides and dtypes, so the launch (layout plan, compiled
+    kernel, grid, scalar arguments) is planned once per layout and device and reused: a block then
+    costs an allocation and a launch.
+    """
     cp = cuda.cupy()
-    out = layout.empty_like(cp, x, np.result_type(x.dtype, other.dtype))
-    if out.size:
-        _launch(out, x, cp.broadcast_to(other, x.shape))
-    return out
+    key = (cp.cuda.runtime.getDevice(), x.shape, x.strides, x.dtype, other.shape, other.strides,
+           other.dtype, x.data.ptr % 16, other.data.ptr % 16)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = _Plan(cp, x, other)
+    return plan(cp, x, other)
 
 
-def _launch(out, x, y) -> None:
-    plan = layout.plan_pointwise(out, x, y)
-    if plan.ndim > MAX_NDIM:
-        axis = plan.axes[0][0]
+_PLANS: dict[tuple, _Plan] = {}
+_MAX_PLANS = 4096
+
+
+class _Plan:
+    """How to compute ``x + other`` for one layout: output allocation and kernel launch."""
+
+    __slots__ = ("dtype", "alloc_shape", "axes", "launch")
+
+    def __init__(self, cp, x, other):
+        self.dtype = np.result_type(x.dtype, other.dtype)
+        order = layout.memory_order(x.shape, x.strides)
+        self.alloc_shape = tuple(x.shape[a] for a in order)
+        inverse = tuple(int(a) for a in np.argsort(order))
+        self.axes = None if inverse == tuple(range(x.ndim)) else inverse
+        out = self.empty(cp)
+        # None: nothing to launch; "split": more than MAX_NDIM dims survive collapsing
+        self.launch = None if out.size == 0 else _launch_args(out, x, cp.broadcast_to(other, x.shape))
+
+    def empty(self, cp):
+        out = cp.empty(self.alloc_shape, dtype=self.dtype)
+        return out if self.axes is None else out.transpose(self.axes)
+
+    def __call__(self, cp, x, other):
+        out = self.empty(cp)
+        if self.launch == "split":
+            _launch_split(out, x, cp.broadcast_to(other, x.shape))
+        elif self.launch is not None:
+            kernel, grid, block, scalars = self.launch
+            kernel(grid, block, (x, other, out, *scalars))
+        return out
+
+
+def _launch_split(out, x, y) -> None:
+    """Launch per slice along the outermost axis, for views that keep more than MAX_NDIM dims."""
+    args = _launch_args(out, x, y)
+    if args == "split":
+        axis = layout.plan_pointwise(out, x, y).axes[0][0]
         for i in range(out.shape[axis]):
             index = (slice(None),) * axis + (i,)
-            _launch(out[index], x[index], y[index])
-        return
+            _launch_split(out[index], x[index], y[index])
+    else:
+        kernel, grid, block, scalars = args
+        kernel(grid, block, (x, y, out, *scalars))
+
+
+def _launch_args(out, x, y):
+    """``(kernel, grid, block, scalar args)`` for ``out = x + y`` (same-shape views), or
+    ``"split"`` when the walk keeps more than MAX_NDIM dims."""
+    plan = layout.plan_pointwise(out, x, y)
+    if plan.ndim > MAX_NDIM:
+        return "split"
     _, xs, ys = plan.strides
     shape = plan.shape or (1,)
     xs, ys = xs or (0,), ys or (0,)
@@ -59,7 +114,7 @@ def _launch(out, x, y) -> None:
     pad = 3 - len(outer)
     extents = outer + [1] * pad
     xo, yo = xo + [0] * pad, yo + [0] * pad
-    rows = int(np.prod(outer, dtype=np.int64)) if outer else 1
+    rows = math.prod(outer)
 
     index = np.int64 if plan.index64 else np.int32
     expr = (f"broadcast_add<{cuda.cuda_type(x.dtype)}, {cuda.cuda_type(y.dtype)}, "
@@ -69,8 +124,8 @@ def _launch(out, x, y) -> None:
     bx = min(_THREADS, 1 << max(cols - 1, 0).bit_length())
     by = _THREADS // bx
     grid = (-(-cols // bx), min(_MAX_GRID_Y, max(1, -(-rows // (by * _UNROLL)))))
-    args = (x, y, out, rows, cols, extents[1], extents[2], *xo, xs[-1] * vec, *yo, ys[-1] * vec)
-    kernel(grid, (bx, by), tuple(index(a) if isinstance(a, int) else a for a in args))
+    scalars = (rows, cols, extents[1], extents[2], *xo, xs[-1] * vec, *yo, ys[-1] * vec)
+    return kernel, grid, (bx, by), tuple(index(v) for v in scalars)
 
 
 def _cases(rng):
