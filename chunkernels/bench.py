@@ -41,8 +41,8 @@ def add_arguments(parser) -> None:
                         help="kernels to benchmark (default: broadcast_add)")
     parser.add_argument("--size-gib", type=float, default=1.0,
                         help="array size for the whole-array comparison (default 1 GiB)")
-    parser.add_argument("--total-gib", type=float, default=8.0,
-                        help="array size for the chunked runs (default 8 GiB)")
+    parser.add_argument("--total-gib", type=float, default=16.0,
+                        help="array size for the chunked runs (default 16 GiB)")
     parser.add_argument("--chunks-mib", type=int, nargs="+",
                         default=[16, 32, 64, 128, 256, 512, 1024],
                         help="chunk sizes for the chunked runs, in MiB")
