@@ -56,20 +56,27 @@ class BlockFunction:
 
     @property
     def boundary(self) -> str:
-        """Dask boundary for ``map_overlap`` (``"none"``: the kernel applies its own edge mode)."""
+        """Dask boundary for ``map_overlap`` (``"none"``: the kernel applies its own edge mode).
+
+        Computed from the parameters as given; :meth:`kwargs` computes it from the parameters
+        validated for ``x``'s ndim, as :func:`apply` does.
+        """
         return self.spec.boundary(**self.raw_params)
 
     def dtype(self, x_dtype, *operand_dtypes) -> np.dtype:
-        """Result dtype for inputs of these dtypes."""
+        """Result dtype for inputs of these dtypes (parameters as given; see :meth:`kwargs`)."""
         return self.spec.out_dtype(x_dtype, operand_dtypes, self.raw_params)
 
     def kwargs(self, x, *operands) -> dict[str, Any]:
         """Keyword arguments for ``da.map_blocks`` (no halo) or ``da.map_overlap`` on ``x``."""
-        dtype = self.dtype(x.dtype, *(o.dtype for o in operands))
+        # the parameters validated for x, as apply() uses them: validation may fill in defaults
+        # or rewrite values (a synonym of an edge mode) that the dtype and boundary depend on
+        params = self.params(x.ndim)
+        dtype = self.spec.out_dtype(x.dtype, [o.dtype for o in operands], params)
         out = {"dtype": dtype, "meta": _meta(x, dtype)}
         depth = self.depth(x.ndim)
         if any(depth.values()):
-            out.update(depth=depth, boundary=self.boundary)
+            out.update(depth=depth, boundary=self.spec.boundary(**params))
         return out
 
     def __call__(self, block, *operands):

@@ -22,6 +22,12 @@ import numpy as np
 
 from chunkernels._errors import DuplicateKernelError, KernelSpecError, UnknownKernelError
 
+# Imported here, while chunkernels/__init__.py runs, and not on first lookup: the first import of
+# the subpackage sets the attribute ``chunkernels.kernels`` to it, which would shadow the function
+# ``chunkernels.kernels()`` that __init__ binds after this module is imported. The subpackage only
+# names the built-in modules; they are still imported on first use.
+from chunkernels.kernels import BUILTIN
+
 ENTRY_POINT_GROUP = "chunkernels.kernels"
 KINDS = ("raw", "elementwise", "reduction")
 ALIGNMENTS = ("broadcast", "same")
@@ -138,7 +144,10 @@ class KernelSpec:
         if self.source is not None and not _SOURCE_FILE.fullmatch(self.source):
             bad(f"source={self.source!r} must be a bare file name like 'my_kernel.cu' in kernels_cuda/")
         for dt in self.dtypes:
-            np.dtype(dt)
+            try:
+                np.dtype(dt)
+            except TypeError:
+                bad(f"dtypes: {dt!r} is not a NumPy dtype (write names like 'float32')")
         lo, hi = self.ndim
         if lo < 0 or (hi is not None and hi < lo):
             bad(f"ndim={self.ndim!r} is not a (min, max) range")
@@ -336,8 +345,6 @@ def _load_builtins() -> None:
     if _loaded["builtins"]:
         return
     _loaded["builtins"] = True
-    from chunkernels.kernels import BUILTIN
-
     for module_name in BUILTIN:
         module = importlib.import_module(f"chunkernels.kernels.{module_name}")
         spec = module.SPEC

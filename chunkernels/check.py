@@ -97,7 +97,7 @@ def format_table(results) -> str:
     rows = [("kernel", "path", "cases", "result", "detail")]
     rows += [(r.kernel, r.path, str(r.cases), r.status, r.detail) for r in results]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + ("  " + row[4] if row[4] else "")
+    lines = [("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4]).rstrip()
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""The ``chunkernels`` command: list, describe, check (CPU part here), errors and exit codes."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import MOVING_SUM, random_array
+
+import chunkernels
+from chunkernels import __version__
+from chunkernels.cli import main
+
+HEADER = ["name", "kind", "dtypes", "ndim", "halo", "source"]
+
+
+def run(capsys, *argv):
+    """``(exit code, stdout, stderr)`` of ``chunkernels ARGV`` run in this process."""
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_list(capsys):
+    code, out, err = run(capsys, "list")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == HEADER
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert rows["broadcast_add"] == ["broadcast_add", "raw", "float32,float64,int32,int64", "any",
+                                     "0", "kernels_cuda/broadcast_add.cu"]
+    assert all(line == line.rstrip() for line in lines)
+
+
+def test_list_shows_user_kernels(capsys, moving_sum):
+    chunkernels.register(name="inline_k", cpu=np.negative, code="__global__ void k() {}")
+    _, out, _ = run(capsys, "list")
+    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert rows["moving_sum"].split() == ["moving_sum", "raw", "float32,float64,int32,int64", ">=1",
+                                          "radius", "(last", "axis)", "-"]
+    assert rows["inline_k"].endswith("inline")
+    assert list(rows) == sorted(rows)
+
+
+def test_describe(capsys):
+    code, out, err = run(capsys, "describe", "broadcast_add")
+    assert code == 0 and err == ""
+    assert out == chunkernels.describe("broadcast_add") + "\n\n"
+    assert "kernels_cuda/broadcast_add.cu" in out
+    assert "chunkernels.kernels.broadcast_add.reference" in out
+
+
+def test_describe_several(capsys, moving_sum):
+    _, out, _ = run(capsys, "describe", "broadcast_add", "moving_sum")
+    blocks = out.strip().split("\n\n")
+    assert [b.splitlines()[0].split() for b in blocks] == [["name", "broadcast_add"],
+                                                           ["name", "moving_sum"]]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("describe", "broadcast_ad"), "chunkernels: no kernel named 'broadcast_ad'; did you mean "
+                                   "'broadcast_add'? registered kernels: broadcast_add\n"),
+    (("describe", "broadcast_add", "nope"), "chunkernels: no kernel named 'nope'; registered "
+                                            "kernels: broadcast_add\n"),
+    (("check", "../broadcast_add.cu"), "chunkernels: '../broadcast_add.cu' is not a kernel name: "
+                                       "names are identifiers like 'broadcast_add', never paths; "
+                                       "chunkernels.kernels() lists them\n"),
+])
+def test_unknown_kernel_exits_2_with_the_message_on_stderr(capsys, argv, message):
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert err == message
+    assert "Traceback" not in out + err
+
+
+def test_check_cpu_part(capsys):
+    code, out, err = run(capsys, "check")
+    assert code == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["kernel", "path", "cases", "result", "detail"]
+    assert lines[2].split() == ["broadcast_add", "cpu,", "dask", "chunks", "10", "pass"]
+    assert lines[3].split()[:5] == ["broadcast_add", "gpu", "0", "skip", "skipped:"]
+    assert "GPU part skipped: no CUDA GPU found (CuPy missing or no device); the CPU path was " \
+           "checked." in out
+    assert out.rstrip().endswith("1 passed, 0 failed")
+
+
+def test_check_cpu_only_flag_and_names(capsys, moving_sum):
+    chunkernels.register(dataclasses.replace(
+        MOVING_SUM, cases=lambda rng: [(random_array(rng, (5, 9), "int64"), (), {"radius": r})
+                                       for r in (1, 4)]), replace=True)
+    code, out, _ = run(capsys, "check", "--cpu-only", "--seed", "3", "moving_sum")
+    assert code == 0
+    assert "GPU part skipped: --cpu-only given" in out
+    assert "moving_sum  cpu, dask chunks  2      pass" in out
+    assert "broadcast_add" not in out
+
+
+def test_check_reports_a_kernel_that_depends_on_its_chunking(capsys):
+    """A "reference" that is not blockwise (it subtracts the block's mean) fails on chunks."""
+
+    def centre(x):
+        return x - x.mean()
+
+    chunkernels.register(name="centre", cpu=centre,
+                         cases=lambda rng: [(rng.standard_normal((6, 8)), (), {})])
+    code, out, _ = run(capsys, "check", "centre")
+    assert code == 1
+    row = next(line for line in out.splitlines() if line.startswith("centre"))
+    assert row.split()[:6] == ["centre", "cpu,", "dask", "chunks", "1", "FAIL"]
+    assert "case 0 (x (6, 8) float64): AssertionError:" in row
+    assert out.rstrip().endswith("0 passed, 1 failed")
+
+
+def test_kernel_without_cases_is_skipped(capsys):
+    chunkernels.register(name="negate", cpu=np.negative)
+    code, out, _ = run(capsys, "check", "negate")
+    assert code == 0
+    assert "negate  cpu, dask chunks  0      skip" in out
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"chunkernels {__version__}\n"
+
+
+def test_no_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as info:
+        main([])
+    assert info.value.code == 2
+    assert "usage: chunkernels" in capsys.readouterr().err
+
+
+def test_module_entry_point(tmp_path):
+    """``python -m chunkernels``, run from elsewhere, as the console script runs it."""
+    proc = subprocess.run([sys.executable, "-m", "chunkernels", "list"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].split() == HEADER
+    assert "broadcast_add" in proc.stdout and "kernels_cuda/broadcast_add.cu" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "chunkernels", "describe", "nope"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("chunkernels: no kernel named 'nope'")

@@ -1,0 +1,222 @@
+"""The kernel registry: listing, lookup, registration, and KernelSpec validation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import chunkernels
+from chunkernels import KernelSpec, _registry
+from chunkernels._errors import DuplicateKernelError, KernelSpecError, UnknownKernelError
+from chunkernels._registry import _ORIGIN, ensure_registered
+
+
+def _negate(x):
+    return np.negative(x)
+
+
+# -- listing and lookup ---------------------------------------------------------------------------
+
+
+def test_kernels_lists_builtins_sorted():
+    names = chunkernels.kernels()
+    assert "broadcast_add" in names
+    assert names == sorted(names)
+
+
+def test_kernels_function_survives_loading_the_builtins():
+    """Importing the subpackage chunkernels.kernels must not replace the function of that name."""
+    import chunkernels.kernels.broadcast_add  # noqa: F401 - what loading the built-ins does
+
+    chunkernels.get("broadcast_add")
+    assert chunkernels.kernels is _registry.kernels
+    assert "broadcast_add" in chunkernels.kernels()
+
+
+def test_get_returns_the_builtin_spec():
+    spec = chunkernels.get("broadcast_add")
+    assert spec.name == "broadcast_add"
+    assert spec.source == "broadcast_add.cu"
+    assert spec.operands == ("other",)
+    assert spec.gpu is not None
+
+
+def test_describe_shows_every_fact():
+    text = chunkernels.describe("broadcast_add")
+    rows = dict(line.split(None, 1) if not line.startswith("cpu reference") else
+                ("cpu reference", line[len("cpu reference"):].strip())
+                for line in text.splitlines())
+    assert rows["name"] == "broadcast_add"
+    assert rows["kind"] == "raw"
+    assert rows["source"] == "kernels_cuda/broadcast_add.cu"
+    assert rows["dtypes"] == "float32, float64, int32, int64"
+    assert rows["halo"] == "0"
+    assert rows["operands"] == "other"
+    assert rows["gpu"] == "yes"
+    assert rows["cpu reference"] == "chunkernels.kernels.broadcast_add.reference"
+
+
+def test_describe_user_kernel(moving_sum):
+    text = chunkernels.describe("moving_sum")
+    assert "halo           radius (last axis)" in text
+    assert "no (CPU reference only)" in text
+    assert "source         -" in text
+    inline = chunkernels.register(name="inline_k", cpu=_negate, code="__global__ void k() {}")
+    assert "source         inline" in inline.describe()
+
+
+def test_unknown_kernel_is_a_keyerror_with_close_matches():
+    with pytest.raises(UnknownKernelError, match=r"no kernel named 'broadcast_ad'; did you mean "
+                                                 r"'broadcast_add'\? registered kernels: ") as info:
+        chunkernels.get("broadcast_ad")
+    assert isinstance(info.value, KeyError)
+    # str() shows the message as written, not KeyError's quoted repr
+    assert str(info.value).startswith("no kernel named")
+
+
+def test_unknown_kernel_without_close_match_lists_the_registry():
+    with pytest.raises(UnknownKernelError, match="no kernel named 'zzz'; registered kernels: .*"
+                                                 "broadcast_add") as info:
+        chunkernels.get("zzz")
+    assert "did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "x.cu", "kernels_cuda/broadcast_add.cu", "", "1x"])
+def test_paths_are_not_kernel_names(name):
+    with pytest.raises(UnknownKernelError, match=r"is not a kernel name: .*never paths"):
+        chunkernels.get(name)
+    with pytest.raises(KernelSpecError, match=r"is not an identifier: .*never paths"):
+        KernelSpec(name=name, cpu=_negate)
+
+
+def test_non_string_name_is_rejected():
+    with pytest.raises(UnknownKernelError, match="None is not a kernel name"):
+        chunkernels.get(None)
+
+
+# -- registration ---------------------------------------------------------------------------------
+
+
+def test_duplicate_name_error_says_how_to_fix_it():
+    spec = KernelSpec(name="broadcast_add", cpu=np.add, operands=("other",))
+    with pytest.raises(DuplicateKernelError, match=r"'broadcast_add' is already registered "
+                                                   r"\(from chunkernels\.kernels\.broadcast_add\)"
+                                                   r".*replace=True.*"
+                                                   r"chunkernels\.unregister\('broadcast_add'\)"):
+        chunkernels.register(spec)
+    assert chunkernels.get("broadcast_add").cpu.__name__ == "reference"
+
+
+def test_register_replace_overrides_and_unregister_removes():
+    mine = KernelSpec(name="broadcast_add", cpu=np.add, operands=("other",), summary="mine")
+    assert chunkernels.register(mine, replace=True, origin="this test") is mine
+    assert chunkernels.get("broadcast_add") is mine
+    assert _ORIGIN["broadcast_add"] == "this test"
+    assert chunkernels.unregister("broadcast_add") is mine
+    assert "broadcast_add" not in chunkernels.kernels()
+    with pytest.raises(UnknownKernelError, match="no kernel named 'broadcast_add'"):
+        chunkernels.get("broadcast_add")
+    with pytest.raises(UnknownKernelError):
+        chunkernels.unregister("broadcast_add")
+
+
+def test_registry_is_restored_between_tests():
+    # The autouse fixture in conftest undoes the previous test's unregister.
+    assert chunkernels.get("broadcast_add").cpu.__module__ == "chunkernels.kernels.broadcast_add"
+
+
+def test_register_with_keyword_fields():
+    spec = chunkernels.register(name="negate", cpu=_negate, dtypes=["float64"], summary="-x")
+    assert isinstance(spec, KernelSpec)
+    assert chunkernels.get("negate") is spec
+    assert spec.dtypes == ("float64",)  # lists become tuples: the spec stays hashable
+    hash(spec)
+    assert _ORIGIN["negate"] == __name__  # default origin: the CPU reference's module
+    np.testing.assert_array_equal(chunkernels.apply(np.arange(3.0), "negate"), [-0.0, -1.0, -2.0])
+
+
+def test_register_rejects_spec_and_fields_together_and_non_specs():
+    spec = KernelSpec(name="negate", cpu=_negate)
+    with pytest.raises(TypeError, match="either a KernelSpec or its fields"):
+        chunkernels.register(spec, summary="x")
+    with pytest.raises(TypeError, match="register\\(\\) takes a KernelSpec, got str"):
+        chunkernels.register("negate")
+
+
+def test_ensure_registered_adds_a_spec_sent_to_a_worker():
+    spec = KernelSpec(name="negate", cpu=_negate)
+    ensure_registered(spec)
+    assert chunkernels.get("negate") is spec
+    assert _ORIGIN["negate"] == "a task sent by the client"
+    other = KernelSpec(name="negate", cpu=np.negative)
+    ensure_registered(other)  # a name already known keeps its spec
+    assert chunkernels.get("negate") is spec
+
+
+# -- KernelSpec validation ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"kind": "cuda"}, r"kind='cuda'; expected one of \('raw', 'elementwise', 'reduction'\)"),
+    ({"alignment": "left"}, r"alignment='left'; expected one of \('broadcast', 'same'\)"),
+    ({"source": "../evil.cu"}, r"source='../evil.cu' must be a bare file name"),
+    ({"source": "kernels_cuda/k.cu"}, r"source='kernels_cuda/k.cu' must be a bare file name like "
+                                     r"'my_kernel.cu' in kernels_cuda/"),
+    ({"source": "k.cpp"}, r"source='k.cpp' must be a bare file name"),
+    ({"source": "k.cu", "code": "..."}, r"give either source \(a file in kernels_cuda/\) or code "
+                                       r"\(inline\), not both"),
+    ({"ndim": (2, 1)}, r"ndim=\(2, 1\) is not a \(min, max\) range"),
+    ({"ndim": (-1, None)}, r"ndim=\(-1, None\) is not a \(min, max\) range"),
+    ({"operands": ("a/b",)}, r"operand name 'a/b' is not an identifier"),
+    ({"gpu": "kernel.cu"}, r"gpu must be a dispatch function or None"),
+    ({"cpu": None}, r"cpu must be the CPU reference function"),
+    ({"dtypes": ("float32", "flaot64")}, r"dtypes: 'flaot64' is not a NumPy dtype"),
+])
+def test_kernelspec_validation(fields, message):
+    base = {"name": "k", "cpu": _negate}
+    with pytest.raises(KernelSpecError, match=rf"kernel 'k': {message}"):
+        KernelSpec(**{**base, **fields})
+
+
+def test_kernelspec_is_frozen():
+    spec = KernelSpec(name="k", cpu=_negate)
+    with pytest.raises(AttributeError):
+        spec.name = "other"
+
+
+def test_halo_depth_is_checked():
+    spec = KernelSpec(name="k", cpu=_negate, halo=lambda ndim, **_: (1,))
+    with pytest.raises(KernelSpecError, match=r"halo\(\) returned \(1,\) for ndim=2; expected 2 "
+                                              r"non-negative integers"):
+        spec.depth(2, {})
+    scalar = KernelSpec(name="k", cpu=_negate, halo=lambda ndim, **_: np.int64(2))
+    assert scalar.depth(3, {}) == (2, 2, 2)  # one integer means every axis
+
+
+def test_ndim_text():
+    texts = {(0, None): "any", (2, None): ">=2", (2, 2): "2", (1, 3): "1..3"}
+    for ndim, text in texts.items():
+        assert KernelSpec(name="k", cpu=_negate, ndim=ndim).ndim_text == text
+
+
+def test_out_dtype_follows_numpy_promotion():
+    spec = chunkernels.get("broadcast_add")
+    assert spec.out_dtype("int32", ["int64"]) == np.int64
+    assert spec.out_dtype("float32", ["int64"]) == np.float64
+    assert spec.out_dtype(np.float32, [np.float32]) == np.float32
+
+
+def test_check_block_reasons_on_numpy_blocks():
+    """The GPU path's acceptance rules are plain Python: check them on NumPy blocks."""
+    spec = KernelSpec(name="k", cpu=np.add, gpu=np.add, operands=("other",), ndim=(1, 2),
+                      supports=lambda x, o: (x.shape[-1] % 2 == 0, "odd rows"))
+    assert spec.check_block(np.ones((2, 4), "f4"), np.ones(4, "f4")) == (True, "")
+    assert spec.check_block(np.ones((2, 4), "f2"), np.ones(4, "f4")) == (
+        False, "x has dtype float16; the GPU path takes float32, float64")
+    assert spec.check_block(np.ones((2, 4), "f4"), np.ones(4, "i4")) == (
+        False, "other has dtype int32; the GPU path takes float32, float64")
+    assert spec.check_block(np.ones((2, 2, 4), "f4"), np.ones(4, "f4")) == (
+        False, "x has ndim=3; the GPU path takes 1..2")
+    assert spec.check_block(np.ones((2, 3), "f4"), np.ones(3, "f4")) == (False, "odd rows")
+    cpu_only = KernelSpec(name="k", cpu=np.add)
+    assert cpu_only.check_block(np.ones(3)) == (False, "k has no GPU implementation")
