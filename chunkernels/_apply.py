@@ -137,8 +137,20 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
 
     Returns
     -------
-    Same type as ``x``: a lazy Dask array with the right ``meta`` and ``dtype``, or a computed
-    NumPy / CuPy array.
+    dask.array.Array, numpy.ndarray or cupy.ndarray
+        The same type as ``x``: a lazy Dask array with the right ``meta`` and ``dtype``, or a
+        computed NumPy / CuPy array.
+
+    Raises
+    ------
+    UnknownKernelError
+        ``kernel`` is not registered.
+    AlignmentError
+        An operand does not broadcast to ``x`` or its chunks do not line up (and not ``align``).
+    HaloError
+        Chunks are smaller than the kernel's halo (and not ``allow_rechunk``).
+    UnsupportedBlockError
+        Under ``strict=True``, a block the GPU path refuses.
     """
     spec = get(kernel)
     if len(operands) != len(spec.operands):
@@ -191,7 +203,8 @@ def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
     x, ops, depth = _ensure_halo(spec, x, ops, depth, allow_rechunk)
     return da.map_overlap(fn, x, *ops, depth=[dict(enumerate(depth))] * (1 + len(ops)),
                           boundary=spec.boundary(**params), trim=True, align_arrays=False,
-                          allow_rechunk=False, dtype=dtype, meta=meta)
+                          allow_rechunk=False, dtype=dtype, meta=meta,
+                          name=f"{spec.name}-overlap-{_token(fn, x, ops)}")
 
 
 def _map_blocks(fn, name, x, ops, dtype, meta):

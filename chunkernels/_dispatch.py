@@ -29,7 +29,7 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
         dtype = spec.out_dtype(x.dtype, [o.dtype for o in operands], params)
         return xp.empty(x.shape, dtype=dtype)
     if not gpu:
-        return spec.cpu(x, *(_to_host(o) for o in operands), **params)
+        return np.asarray(spec.cpu(x, *(_to_host(o) for o in operands), **params))
 
     with x.device:
         operands = tuple(o if cuda.is_cupy_array(o) else xp.asarray(o) for o in operands)

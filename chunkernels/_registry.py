@@ -68,7 +68,9 @@ class KernelSpec:
     code
         Inline CUDA source, for user kernels that do not ship a file. At most one of the two.
     entries
-        Kernel entry names or C++ template patterns compiled through ``name_expressions``.
+        Representative kernel entry names or C++ template instantiations. CI compiles each with
+        ``nvcc`` (``tests/test_nvcc.py``); at run time the dispatch compiles, through NVRTC, the
+        instantiation each block needs (``chunkernels.cuda.function``).
     dtypes
         Dtypes the GPU path accepts, for ``x`` and every operand.
     ndim
@@ -284,6 +286,8 @@ def register(spec: KernelSpec | None = None, /, *, replace: bool = False,
                 f"register yours under another name, or pass replace=True to override it on "
                 f"purpose (chunkernels.unregister({spec.name!r}) removes it)"
             )
+        if spec.name in _REGISTRY:
+            _forget_compiled(spec.name)
         _REGISTRY[spec.name] = spec
         _ORIGIN[spec.name] = origin
     return spec
@@ -295,7 +299,14 @@ def unregister(name: str) -> KernelSpec:
         spec = get(name)
         del _REGISTRY[name]
         del _ORIGIN[name]
+        _forget_compiled(name)
     return spec
+
+
+def _forget_compiled(name: str) -> None:
+    from chunkernels import cuda  # cuda imports this module for source lookups
+
+    cuda.forget(name)
 
 
 def get(name: str) -> KernelSpec:

@@ -1,4 +1,4 @@
-"""The ``chunkernels`` command: list, describe, check and benchmark registered kernels."""
+"""The chunkernels command: list, describe, check and benchmark registered kernels."""
 
 from __future__ import annotations
 

@@ -99,6 +99,13 @@ def function(kernel: str, name_expression: str):
     return fn
 
 
+def forget(kernel: str) -> None:
+    """Drop compiled functions of ``kernel`` on every device (its source may have changed)."""
+    with _COMPILE_LOCK:
+        for key in [k for k in _FUNCTIONS if k[1] == kernel]:
+            del _FUNCTIONS[key]
+
+
 def cuda_type(dtype) -> str:
     """The CUDA C++ type name of a NumPy dtype."""
     import numpy as np

@@ -220,3 +220,22 @@ def test_check_block_reasons_on_numpy_blocks():
     assert spec.check_block(np.ones((2, 3), "f4"), np.ones(3, "f4")) == (False, "odd rows")
     cpu_only = KernelSpec(name="k", cpu=np.add)
     assert cpu_only.check_block(np.ones(3)) == (False, "k has no GPU implementation")
+
+
+def test_replacing_or_unregistering_a_kernel_drops_its_compiled_functions():
+    """A replaced kernel may have new CUDA code: nothing compiled from the old one is reused."""
+    from chunkernels import cuda
+
+    spec = chunkernels.KernelSpec(name="recompiled", cpu=np.negative, code="// v1")
+    chunkernels.register(spec)
+    cuda._FUNCTIONS[(0, "recompiled", "f<float>")] = "compiled v1"
+    cuda._FUNCTIONS[(0, "broadcast_add", "keep")] = "other kernel"
+    try:
+        chunkernels.register(spec, replace=True)
+        assert (0, "recompiled", "f<float>") not in cuda._FUNCTIONS
+        cuda._FUNCTIONS[(1, "recompiled", "f<float>")] = "compiled v2 on device 1"
+        chunkernels.unregister("recompiled")
+        assert not any(k[1] == "recompiled" for k in cuda._FUNCTIONS)
+        assert cuda._FUNCTIONS[(0, "broadcast_add", "keep")] == "other kernel"
+    finally:
+        cuda._FUNCTIONS.pop((0, "broadcast_add", "keep"), None)
