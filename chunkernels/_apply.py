@@ -169,7 +169,12 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
     operands = tuple(_as_array(xp, o, x.dtype) for o in operands)
     for name, op in zip(spec.operands, operands):
         _check_shape(spec, name, op, x)
-    return run_block(spec, x, operands, params, strict=strict)
+    if spec.kind != "reduction":
+        return run_block(spec, x, operands, params, strict=strict)
+    if xp is np:
+        return np.asarray(spec.cpu(x, *operands, **params))
+    stats = run_block(spec, x, operands, params, strict=strict)
+    return _finalize(spec, params, (x.dtype, *(o.dtype for o in operands)), [stats])
 
 
 def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
@@ -188,6 +193,8 @@ def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
         ops.append(_aligned(spec, name, op, x, align))
 
     dtype = spec.out_dtype(x.dtype, [o.dtype for o in ops], params)
+    if spec.kind == "reduction":
+        return _reduce(fn, spec, params, x, ops, dtype)
     meta = _meta(x, dtype)
     depth = spec.depth(x.ndim, params)
     # Along an axis of one chunk there are no neighbours: the kernel's own edge mode does it all.
@@ -221,9 +228,16 @@ def _map_blocks(fn, name, x, ops, dtype, meta):
     from dask.highlevelgraph import HighLevelGraph
 
     try:
-        from dask._task_spec import Task, TaskRef
+        graph = _block_tasks(fn, name, x, ops)
     except ImportError:  # pragma: no cover - other Dask versions
         return da.map_blocks(fn, x, *ops, dtype=dtype, meta=meta, name=name)
+    layer = HighLevelGraph.from_collections(name, graph, dependencies=[x, *ops])
+    return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
+
+
+def _block_tasks(fn, name, x, ops) -> dict:
+    """``{(name, *index): fn(x block, operand blocks)}`` for every block index of ``x``."""
+    from dask._task_spec import Task, TaskRef
 
     leads = [x.ndim - op.ndim for op in ops]
     graph = {}
@@ -234,8 +248,33 @@ def _map_blocks(fn, name, x, ops, dtype, meta):
             args.append(TaskRef((op.name, *op_index)))
         key = (name, *index)
         graph[key] = Task(key, fn, *args)
+    return graph
+
+
+def _reduce(fn, spec, params, x, ops, dtype):
+    """A reduction over Dask arrays: one partial-statistics task per block, one finalize task.
+
+    The result is a lazy 0-d Dask array; its graph grows with the number of blocks only.
+    """
+    import dask.array as da
+    from dask._task_spec import List, Task, TaskRef
+    from dask.highlevelgraph import HighLevelGraph
+
+    name = f"{spec.name}-{_token(fn, x, ops)}"
+    graph = _block_tasks(fn, f"{name}-partial", x, ops)
+    dtypes = (x.dtype, *(op.dtype for op in ops))
+    graph[(name,)] = Task((name,), _finalize, spec, params, dtypes,
+                          List(*(TaskRef(key) for key in list(graph))))
     layer = HighLevelGraph.from_collections(name, graph, dependencies=[x, *ops])
-    return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
+    xp = cuda.cupy() if cuda.is_cupy_array(x._meta) else np
+    return da.Array(layer, name, chunks=(), dtype=dtype, meta=xp.empty((), dtype=dtype))
+
+
+def _finalize(spec, params, dtypes, partials):
+    """Stack the blocks' statistics rows and let the kernel combine them (on their device)."""
+    xp = cuda.cupy() if cuda.is_cupy_array(partials[0]) else np
+    stats = xp.concatenate([xp.asarray(p).reshape(-1, p.shape[-1]) for p in partials])
+    return xp.asarray(spec.finalize(stats, dtypes, **params))
 
 
 def _ensure_halo(spec, x, ops, depth, allow_rechunk):

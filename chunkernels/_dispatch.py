@@ -18,18 +18,21 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
     """Compute kernel ``spec`` on block ``x`` (and its operand blocks); same array type out.
 
     A 0-size block (Dask's meta inference passes them, with the original strides) returns an
-    empty result without launching anything. A block the GPU path refuses (``spec.check_block``)
+    empty result without launching anything. For a reduction kernel the result is the block's
+    partial statistics (``spec.partial`` on the CPU, ``spec.gpu`` on the device). A block the GPU path refuses (``spec.check_block``)
     is computed by the CPU reference with a :class:`CPUFallbackWarning`, or raises
     :class:`UnsupportedBlockError` under ``strict=True``.
     """
     params = params or {}
     gpu = cuda.is_cupy_array(x)
     xp = cuda.cupy() if gpu else np
-    if x.size == 0:
+    reduction = spec.kind == "reduction"
+    cpu = spec.partial if reduction else spec.cpu
+    if x.size == 0 and not reduction:
         dtype = spec.out_dtype(x.dtype, [o.dtype for o in operands], params)
         return xp.empty(x.shape, dtype=dtype)
     if not gpu:
-        return np.asarray(spec.cpu(x, *(_to_host(o) for o in operands), **params))
+        return np.asarray(cpu(x, *(_to_host(o) for o in operands), **params))
 
     with x.device:
         operands = tuple(o if cuda.is_cupy_array(o) else xp.asarray(o) for o in operands)
@@ -47,7 +50,7 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
                 CPUFallbackWarning,
                 stacklevel=3,
             )
-            host = spec.cpu(xp.asnumpy(x), *(xp.asnumpy(o) for o in operands), **params)
+            host = cpu(xp.asnumpy(x), *(xp.asnumpy(o) for o in operands), **params)
             return xp.asarray(host)
         if spec.contiguous:  # the spec says its kernel needs C order: the copy is deliberate
             x = xp.ascontiguousarray(x)

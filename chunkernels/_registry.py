@@ -99,6 +99,19 @@ class KernelSpec:
         ``validate(ndim, **params) -> dict`` normalises and checks parameters once per call.
     cases
         ``cases(rng) -> iterable of (x, operands, params)``: random inputs for ``chunkernels check``.
+    partial
+        Reduction kernels: CPU statistics of one block, ``partial(x, *operands, **params) ->
+        2-D array`` (rows of statistics). ``gpu`` then returns the same rows from the device.
+    finalize
+        Reduction kernels: ``finalize(stats, dtypes, **params) -> 0-d array`` combines the rows of
+        every block (stacked, same array type as the blocks) into the result; ``dtypes`` are the
+        input dtypes. ``cpu`` stays the whole-array reference that defines the result.
+    skimage
+        scikit-image functions this kernel implements, as ``"module:function"`` names
+        (``"skimage.metrics:mean_squared_error"``); the scikit-image backend serves them.
+    rtol
+        Relative tolerance of the kernel's results against ``cpu`` where the defaults in
+        :data:`chunkernels.testing.TOLERANCES` are too tight for a documented reason.
     summary
         One line saying what the kernel computes and what its reference is.
     """
@@ -122,6 +135,10 @@ class KernelSpec:
     contiguous: bool = False
     validate: Callable[..., Mapping[str, Any]] | None = None
     cases: Callable[..., Iterable[tuple[Any, tuple, dict]]] | None = None
+    partial: Callable[..., Any] | None = None
+    finalize: Callable[..., Any] | None = None
+    skimage: tuple[str, ...] = ()
+    rtol: float | None = None
     summary: str = ""
 
     def __post_init__(self):
@@ -153,11 +170,18 @@ class KernelSpec:
         lo, hi = self.ndim
         if lo < 0 or (hi is not None and hi < lo):
             bad(f"ndim={self.ndim!r} is not a (min, max) range")
+        if self.kind == "reduction" and (self.partial is None or self.finalize is None):
+            bad("a reduction kernel needs partial (CPU statistics of a block) and finalize")
+        if self.kind != "reduction" and (self.partial is not None or self.finalize is not None):
+            bad(f"partial and finalize belong to reduction kernels; this one is kind={self.kind!r}")
+        for name in self.skimage:
+            if not re.fullmatch(r"skimage(\.\w+)+:\w+", name):
+                bad(f"skimage={name!r} is not a 'skimage.module:function' name")
         for op in self.operands:
             if not _IDENTIFIER.fullmatch(op):
                 bad(f"operand name {op!r} is not an identifier")
         # tuples, so the spec stays hashable and frozen
-        for field in ("entries", "dtypes", "operands"):
+        for field in ("entries", "dtypes", "operands", "skimage"):
             object.__setattr__(self, field, tuple(getattr(self, field)))
         object.__setattr__(self, "ndim", (lo, hi))
         # dtype objects hash and compare faster than dtype.name builds its string: the per-block
@@ -227,7 +251,8 @@ class KernelSpec:
             ("ndim", self.ndim_text),
             ("operands", ", ".join(self.operands) or "-"),
             ("alignment", self.alignment if self.operands else "-"),
-            ("halo", self.halo_rule),
+            ("halo", self.halo_rule if self.kind != "reduction" else "0 (reduction: partials per block)"),
+            ("scikit-image", ", ".join(self.skimage) or "-"),
             ("gpu", "yes" if self.gpu is not None else "no (CPU reference only)"),
             ("contiguous", "copies to C order first" if self.contiguous else "any strides"),
             ("cpu reference", f"{self.cpu.__module__}.{self.cpu.__qualname__}"),

@@ -48,7 +48,7 @@ def check(names=None, *, seed: int = 0, gpu: bool | None = None) -> list[CheckRe
         for path, run in paths.items():
             passed, detail = 0, ""
             for i, (x, ops, params) in enumerate(cases):
-                expected = spec.cpu(x, *ops, **spec.params(x.ndim, params))
+                expected = np.asarray(spec.cpu(x, *ops, **spec.params(x.ndim, params)))
                 try:
                     run(spec, x, ops, params, expected)
                     passed += 1
@@ -71,13 +71,13 @@ def _dask_cases(spec, x, ops, params):
 def _cpu_dask(spec, x, ops, params, expected):
     for chunks, dx in _dask_cases(spec, x, ops, params):
         got = apply(dx, spec.name, *ops, align=True, allow_rechunk=True, strict=True, **params)
-        assert_close(got.compute(), expected, err_msg=f"chunks {chunks}")
+        assert_close(got.compute(), expected, rtol=spec.rtol, err_msg=f"chunks {chunks}")
 
 
 def _gpu_whole(spec, x, ops, params, expected):
     got = apply(to_device_view(x), spec.name, *map(to_device_view, ops), strict=True, **params)
     assert cuda.is_cupy_array(got), f"GPU input gave {type(got).__name__}"
-    assert_close(got, expected)
+    assert_close(got, expected, rtol=spec.rtol)
 
 
 def _gpu_dask(spec, x, ops, params, expected):
@@ -89,7 +89,7 @@ def _gpu_dask(spec, x, ops, params, expected):
         dx = da.from_array(dev_x, chunks=chunks, asarray=False)
         got = apply(dx, spec.name, *dev_ops, align=True, allow_rechunk=True, strict=True, **params)
         assert cuda.is_cupy_array(got._meta), "GPU chunks gave a non-CuPy meta"
-        assert_close(got.compute(), expected, err_msg=f"chunks {chunks}")
+        assert_close(got.compute(), expected, rtol=spec.rtol, err_msg=f"chunks {chunks}")
 
 
 def format_table(results) -> str:

@@ -61,11 +61,14 @@ def test_describe_several(capsys, moving_sum):
                                                            ["name", "moving_sum"]]
 
 
+REGISTERED = ", ".join(chunkernels.kernels())
+
+
 @pytest.mark.parametrize("argv, message", [
     (("describe", "broadcast_ad"), "chunkernels: no kernel named 'broadcast_ad'; did you mean "
-                                   "'broadcast_add'? registered kernels: broadcast_add\n"),
+                                   f"'broadcast_add'? registered kernels: {REGISTERED}\n"),
     (("describe", "broadcast_add", "nope"), "chunkernels: no kernel named 'nope'; registered "
-                                            "kernels: broadcast_add\n"),
+                                            f"kernels: {REGISTERED}\n"),
     (("check", "../broadcast_add.cu"), "chunkernels: '../broadcast_add.cu' is not a kernel name: "
                                        "names are identifiers like 'broadcast_add', never paths; "
                                        "chunkernels.kernels() lists them\n"),
@@ -84,9 +87,14 @@ def test_check_cpu_part(capsys):
     assert lines[0].split() == ["kernel", "path", "cases", "result", "detail"]
     assert lines[2].split() == ["broadcast_add", "cpu,", "dask", "chunks", "10", "pass"]
     assert lines[3].split()[:5] == ["broadcast_add", "gpu", "0", "skip", "skipped:"]
+    for name in chunkernels.kernels():  # every kernel: a CPU row that passed, a skipped GPU row
+        rows = [line.split() for line in lines if line.startswith(name + " ")]
+        assert len(rows) == 2
+        assert rows[0][1:4] == ["cpu,", "dask", "chunks"] and rows[0][5] == "pass"
+        assert rows[1][1:4] == ["gpu", "0", "skip"]
     assert "GPU part skipped: no CUDA GPU found (CuPy missing or no device); the CPU path was " \
            "checked." in out
-    assert out.rstrip().endswith("1 passed, 0 failed")
+    assert out.rstrip().endswith(f"{len(chunkernels.kernels())} passed, 0 failed")
 
 
 def test_check_cpu_only_flag_and_names(capsys, moving_sum):

@@ -5,4 +5,4 @@ To add a kernel, copy the quartet of an existing one (``kernels_cuda/NAME.cu``,
 add its module name here.
 """
 
-BUILTIN = ("broadcast_add",)
+BUILTIN = ("broadcast_add", "mean_squared_error", "normalized_root_mse")

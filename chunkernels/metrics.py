@@ -1,0 +1,118 @@
+"""Image comparison metrics with scikit-image's semantics, on NumPy, CuPy and Dask arrays.
+
+>>> import numpy as np, dask.array as da
+>>> from chunkernels.metrics import mean_squared_error
+>>> a = da.ones((4, 4), chunks=2); b = da.zeros((4, 4), chunks=(4, 1))
+>>> mean_squared_error(a, b).compute()
+array(1.)
+
+Output type follows input type: Dask arrays give a lazy 0-d Dask array, CuPy arrays a 0-d CuPy
+array, NumPy arrays a ``numpy.float64`` as scikit-image returns. Dask inputs with different
+chunkings are aligned (rechunked) automatically. These functions also serve scikit-image calls
+through chunkernels' scikit-image backend (:mod:`chunkernels.skimage_backend`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from chunkernels import cuda
+from chunkernels._apply import _is_dask, apply
+from chunkernels._registry import get, kernels
+
+
+def mean_squared_error(image0, image1):
+    """Mean squared error between two images of the same shape.
+
+    Parameters
+    ----------
+    image0, image1 : numpy.ndarray, cupy.ndarray or dask.array.Array
+        Images of any dimensionality and the same shape.
+
+    Returns
+    -------
+    numpy.float64, cupy.ndarray or dask.array.Array
+        The MSE: a float for NumPy inputs, a 0-d array for CuPy, a lazy 0-d array for Dask.
+
+    Raises
+    ------
+    ValueError
+        The shapes differ, or an image is complex.
+    """
+    return _metric("mean_squared_error", image0, image1)
+
+
+def normalized_root_mse(image_true, image_test, *, normalization="euclidean"):
+    """Normalized root mean squared error (NRMSE) between two images.
+
+    Parameters
+    ----------
+    image_true, image_test : numpy.ndarray, cupy.ndarray or dask.array.Array
+        Ground truth and test image, same shape.
+    normalization : {'euclidean', 'min-max', 'mean'}
+        Denominator: the root mean square of ``image_true``, its range, or its mean
+        (case-insensitive).
+
+    Returns
+    -------
+    numpy.float64, cupy.ndarray or dask.array.Array
+        The NRMSE, typed as in :func:`mean_squared_error`.
+
+    Raises
+    ------
+    ValueError
+        The shapes differ, an image is complex, or ``normalization`` is not supported.
+    """
+    return _metric("normalized_root_mse", image_true, image_test, normalization=normalization)
+
+
+def _metric(name, a, b, **params):
+    for image in (a, b):
+        if not hasattr(image, "shape") or not hasattr(image, "dtype"):
+            raise TypeError(f"{name} takes NumPy, CuPy or Dask arrays; got {type(image).__name__}")
+    if a.shape != b.shape:
+        raise ValueError(f"Input images must have the same dimensions. (shapes {a.shape} and "
+                         f"{b.shape})")
+    from chunkernels.kernels.mean_squared_error import float_type
+
+    float_type(a.dtype, b.dtype)  # refuses complex images, as scikit-image does
+    a, b = _same_kind(a, b)
+    result = apply(a, name, b, align=True, **params)
+    if isinstance(result, np.ndarray):
+        return np.float64(result)
+    return result
+
+
+def _same_kind(a, b):
+    """Both Dask if either is, else both CuPy if either is (the device copy is explicit)."""
+    if _is_dask(a) or _is_dask(b):
+        import dask.array as da
+
+        a = a if _is_dask(a) else da.from_array(a, chunks=b.chunks, asarray=False)
+        b = b if _is_dask(b) else da.from_array(b, chunks=a.chunks, asarray=False)
+        return a, b
+    if cuda.is_cupy_array(a) or cuda.is_cupy_array(b):
+        cp = cuda.cupy()
+        return cp.asarray(a), cp.asarray(b)
+    return a, b
+
+
+def implementation(skimage_name: str):
+    """The function serving scikit-image's ``"module:function"``, derived from the registry.
+
+    Built-in metrics have public functions here; any other registered kernel that declares the
+    name in its spec's ``skimage`` field is served through :func:`chunkernels.apply`.
+    """
+    for name in kernels():
+        spec = get(name)
+        if skimage_name in spec.skimage:
+            public = globals().get(name)
+            if callable(public) and public.__module__ == __name__:
+                return public
+            return lambda x, *operands, **params: apply(x, name, *operands, align=True, **params)
+    raise KeyError(f"no registered kernel implements {skimage_name!r}")
+
+
+def supported() -> list[str]:
+    """scikit-image functions that registered kernels implement, sorted."""
+    return sorted({s for name in kernels() for s in get(name).skimage})
