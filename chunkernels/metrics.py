@@ -66,6 +66,10 @@ def normalized_root_mse(image_true, image_test, *, normalization="euclidean"):
     return _metric("normalized_root_mse", image_true, image_test, normalization=normalization)
 
 
+#: Kernel name -> public function with scikit-image's errors and return types.
+PUBLIC = {"mean_squared_error": mean_squared_error, "normalized_root_mse": normalized_root_mse}
+
+
 def _metric(name, a, b, **params):
     for image in (a, b):
         if not hasattr(image, "shape") or not hasattr(image, "dtype"):
@@ -106,9 +110,8 @@ def implementation(skimage_name: str):
     for name in kernels():
         spec = get(name)
         if skimage_name in spec.skimage:
-            public = globals().get(name)
-            if callable(public) and public.__module__ == __name__:
-                return public
+            if name in PUBLIC:
+                return PUBLIC[name]
             return lambda x, *operands, **params: apply(x, name, *operands, align=True, **params)
     raise KeyError(f"no registered kernel implements {skimage_name!r}")
 

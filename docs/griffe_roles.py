@@ -17,7 +17,7 @@ import griffe
 
 # Modules rendered whole on docs/api.md; top-level names come from chunkernels.__all__.
 DOCUMENTED_MODULES = ("chunkernels.layout", "chunkernels.testing", "chunkernels.cuda",
-                      "chunkernels.check")
+                      "chunkernels.check", "chunkernels.metrics", "chunkernels.skimage_backend")
 
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|data|exc|obj):`~?\.?([^`]+)`")
 _LITERAL_BLOCK = re.compile(r"(\S)::\n(\s*\n)", re.M)
