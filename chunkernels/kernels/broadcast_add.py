@@ -13,6 +13,7 @@ import numpy as np
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
+from chunkernels.testing import random_array
 
 #: Dims the CUDA kernel walks after collapsing; views that keep more are split along the
 #: outermost axis, one launch per slice.
@@ -132,18 +133,12 @@ def _cases(rng):
     """Random inputs for ``chunkernels check``: layouts and dtype pairs the kernel must handle."""
     for dx, dy in (("float32", "float32"), ("float64", "float32"), ("int32", "int64"),
                    ("int64", "float64")):
-        x = _random(rng, (67, 45, 6), dx)
-        yield x, (_random(rng, (45, 6), dy),), {}
-        yield x.transpose(2, 0, 1), (_random(rng, (1, 45), dy),), {}
-    base = _random(rng, (64, 130), "float32")
-    yield base[::-2, 3:-3], (_random(rng, (124,), "float32")[::-1],), {}
-    yield np.asfortranarray(_random(rng, (40, 33), "float64")), (_random(rng, (40, 1), "float64"),), {}
-
-
-def _random(rng, shape, dtype):
-    if np.dtype(dtype).kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    return rng.integers(-(2**20), 2**20, size=shape).astype(dtype)
+        x = random_array(rng, (67, 45, 6), dx)
+        yield x, (random_array(rng, (45, 6), dy),), {}
+        yield x.transpose(2, 0, 1), (random_array(rng, (1, 45), dy),), {}
+    base = random_array(rng, (64, 130), "float32")
+    yield base[::-2, 3:-3], (random_array(rng, (124,), "float32")[::-1],), {}
+    yield np.asfortranarray(random_array(rng, (40, 33), "float64")), (random_array(rng, (40, 1), "float64"),), {}
 
 
 SPEC = KernelSpec(

@@ -18,6 +18,7 @@ import numpy as np
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
+from chunkernels.testing import random_array
 
 #: Columns of a statistics row: sum (a-b)^2, sum a^2, sum a, min a, max a, element count.
 SUM_SQ, SUM_A2, SUM_A, MIN_A, MAX_A, COUNT = range(6)
@@ -124,23 +125,15 @@ def supports(a, b, **params):
 
 def cases(rng):
     """Random image pairs: dtypes scikit-image sees, and the views Dask hands a kernel."""
+    image = functools.partial(random_array, rng, nonnegative=True)
     for da_, db_ in (("float32", "float32"), ("float64", "float64"), ("uint8", "uint8"),
                      ("uint16", "float32"), ("int32", "int64")):
-        yield random_image(rng, (67, 45), da_), (random_image(rng, (67, 45), db_),), {}
-    a, b = random_image(rng, (40, 6, 33), "float64"), random_image(rng, (40, 6, 33), "float64")
+        yield image((67, 45), da_), (image((67, 45), db_),), {}
+    a, b = image((40, 6, 33), "float64"), image((40, 6, 33), "float64")
     yield a.transpose(2, 0, 1), (b[::-1].transpose(2, 0, 1),), {}
-    base = random_image(rng, (64, 130), "float32")
+    base = image((64, 130), "float32")
     yield base[::2, 3:-3], (base[1::2, 3:-3],), {}
-    yield random_image(rng, (3, 4, 2, 5, 6), "float32")[:, ::2, :, ::2], (
-        random_image(rng, (3, 2, 2, 3, 6), "float32"),), {}
-
-
-def random_image(rng, shape, dtype):
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return rng.random(shape).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(max(info.min, -1000), min(info.max, 1000), size=shape, endpoint=True).astype(dtype)
+    yield image((3, 4, 2, 5, 6), "float32")[:, ::2, :, ::2], (image((3, 2, 2, 3, 6), "float32"),), {}
 
 
 SPEC = KernelSpec(
