@@ -165,7 +165,7 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
                         f"{type(x).__module__}.{type(x).__name__} (convert it with np.asarray, "
                         f"cupy.asarray or dask.array.from_array)")
     params = spec.params(x.ndim, params)
-    xp = cuda.cupy() if cuda.is_cupy_array(x) else np
+    xp = cuda.array_module(x)
     operands = tuple(_as_array(xp, o, x.dtype) for o in operands)
     for name, op in zip(spec.operands, operands):
         _check_shape(spec, name, op, x)
@@ -183,7 +183,7 @@ def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
     params = spec.params(x.ndim, params)
     fn = BlockFunction(spec, params, strict=strict)
     fn._params[x.ndim] = params
-    xp = cuda.cupy() if cuda.is_cupy_array(x._meta) else np
+    xp = cuda.array_module(x)
     ops = []
     for name, op in zip(spec.operands, operands):
         if not _is_dask(op):
@@ -221,16 +221,13 @@ def _map_blocks(fn, name, x, ops, dtype, meta):
     broadcast along their single-chunk axes (alignment is checked before this). Measured on an
     H100 (docs/benchmarks.md), optimising map_blocks' Blockwise layer costs Dask ~70 us per chunk
     at persist time (fuse_roots, blockwise materialisation), as much as the kernel on a 128 MiB
-    chunk; a materialised layer skips that work. Falls back to ``map_blocks`` if Dask's task
-    classes are not where this Dask version keeps them.
+    chunk; a materialised layer skips that work. Built from Dask's task classes
+    (``dask._task_spec``), which the pinned Dask release provides.
     """
     import dask.array as da
     from dask.highlevelgraph import HighLevelGraph
 
-    try:
-        graph = _block_tasks(fn, name, x, ops)
-    except ImportError:  # pragma: no cover - other Dask versions
-        return da.map_blocks(fn, x, *ops, dtype=dtype, meta=meta, name=name)
+    graph = _block_tasks(fn, name, x, ops)
     layer = HighLevelGraph.from_collections(name, graph, dependencies=[x, *ops])
     return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
 
@@ -266,13 +263,13 @@ def _reduce(fn, spec, params, x, ops, dtype):
     graph[(name,)] = Task((name,), _finalize, spec, params, dtypes,
                           List(*(TaskRef(key) for key in list(graph))))
     layer = HighLevelGraph.from_collections(name, graph, dependencies=[x, *ops])
-    xp = cuda.cupy() if cuda.is_cupy_array(x._meta) else np
+    xp = cuda.array_module(x)
     return da.Array(layer, name, chunks=(), dtype=dtype, meta=xp.empty((), dtype=dtype))
 
 
 def _finalize(spec, params, dtypes, partials):
     """Stack the blocks' statistics rows and let the kernel combine them (on their device)."""
-    xp = cuda.cupy() if cuda.is_cupy_array(partials[0]) else np
+    xp = cuda.array_module(partials[0])
     stats = xp.concatenate([xp.asarray(p).reshape(-1, p.shape[-1]) for p in partials])
     return xp.asarray(spec.finalize(stats, dtypes, **params))
 
@@ -364,8 +361,7 @@ def _as_array(xp, value, x_dtype):
 
 
 def _meta(x, dtype):
-    xp = cuda.cupy() if cuda.is_cupy_array(getattr(x, "_meta", x)) else np
-    return xp.empty((0,) * x.ndim, dtype=dtype)
+    return cuda.array_module(x).empty((0,) * x.ndim, dtype=dtype)
 
 
 def _is_dask(a) -> bool:

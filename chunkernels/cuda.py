@@ -40,6 +40,13 @@ def is_cupy_array(a: Any) -> bool:
     return cp is not None and isinstance(a, cp.ndarray)
 
 
+def array_module(a: Any):
+    """``cupy`` for a CuPy array (or a Dask array of CuPy chunks), else ``numpy``."""
+    import numpy as np
+
+    return cupy() if is_cupy_array(getattr(a, "_meta", a)) else np
+
+
 def gpu_count() -> int:
     """Number of CUDA devices usable through CuPy; 0 when CuPy or a driver is missing."""
     try:

@@ -101,19 +101,27 @@ def _same_kind(a, b):
     return a, b
 
 
+def kernel_for(skimage_name: str):
+    """The registered spec whose ``skimage`` field names ``"module:function"``, or ``None``."""
+    for name in kernels():
+        spec = get(name)
+        if skimage_name in spec.skimage:
+            return spec
+    return None
+
+
 def implementation(skimage_name: str):
     """The function serving scikit-image's ``"module:function"``, derived from the registry.
 
     Built-in metrics have public functions here; any other registered kernel that declares the
     name in its spec's ``skimage`` field is served through :func:`chunkernels.apply`.
     """
-    for name in kernels():
-        spec = get(name)
-        if skimage_name in spec.skimage:
-            if name in PUBLIC:
-                return PUBLIC[name]
-            return lambda x, *operands, **params: apply(x, name, *operands, align=True, **params)
-    raise KeyError(f"no registered kernel implements {skimage_name!r}")
+    spec = kernel_for(skimage_name)
+    if spec is None:
+        raise KeyError(f"no registered kernel implements {skimage_name!r}")
+    if spec.name in PUBLIC:
+        return PUBLIC[spec.name]
+    return lambda x, *operands, **params: apply(x, spec.name, *operands, align=True, **params)
 
 
 def supported() -> list[str]:

@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 
 from chunkernels import cuda, metrics
-from chunkernels._registry import KernelSpec, get, kernels
 
 #: Set to ``1`` to let the backend take plain NumPy arrays (copied to the GPU).
 NUMPY_ENV = "CHUNKERNELS_SKIMAGE_NUMPY"
@@ -88,15 +87,6 @@ def info():
     from skimage.util._backends import BackendInformation
 
     return BackendInformation(supported_functions=supported_functions())
-
-
-def _kernel(name: str) -> KernelSpec | None:
-    """The registered kernel implementing scikit-image's ``name``, or ``None``."""
-    for kernel in kernels():
-        spec = get(kernel)
-        if name in spec.skimage:
-            return spec
-    return None
 
 
 @functools.cache
@@ -212,7 +202,7 @@ def can_has(name: str, *args: Any, **kwargs: Any) -> bool:
     whether a GPU is present). Parameters are checked by the kernel's own ``validate``, so a value
     chunkernels does not implement is left to scikit-image.
     """
-    spec = _kernel(name)
+    spec = metrics.kernel_for(name)
     if spec is None:
         return False
     signature = _signature(metrics.implementation(name))
