@@ -14,6 +14,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
+from distributed import wait
 
 import chunkernels
 from chunkernels import GPUOutOfMemoryError, cluster
@@ -130,6 +131,7 @@ def test_out_of_memory_on_a_gpu_worker_which_keeps_serving():
                         rmm_allocator_external_lib_list=None) as c:
         (worker, pid), = c.run(os.getpid).items()
         x = c.persist(da.from_array(x_np, chunks=2048).map_blocks(cp.asarray, meta=meta))
+        wait(x)  # on the device before the pool's use is measured
         c.run(_warm_up)
         (used,) = c.run(_limited_pool, 24 * MiB).values()
         with pytest.raises(GPUOutOfMemoryError, match=OOM_2048):

@@ -105,7 +105,14 @@ def main(args) -> int:
         if on_cluster and not getattr(module, "CLUSTER", False):
             print(f"{name}: runs on this process's GPU; --gpus, --workers and --scheduler do not "
                   f"apply to it", file=sys.stderr)
-        report = module.run(args)
+        try:
+            report = module.run(args)
+        except AssertionError as exc:  # a wrong result: no numbers for it, the others still run
+            print(f"{name}: stopped, a result was wrong: {exc}", file=sys.stderr, flush=True)
+            status = 1
+            continue
+        finally:
+            free_device_memory()
         written = write_report(name, report, out_dir)
         print(report["markdown"])
         print(f"\nwritten: {', '.join(map(str, written))}", flush=True)
@@ -340,6 +347,16 @@ def write_plots(name: str, plots, out_dir: Path) -> list[Path]:
 
 
 # -- timing ---------------------------------------------------------------------------------------
+
+
+def free_device_memory() -> None:
+    """Hand the device memory a finished benchmark cached in CuPy's pool back to the device, so
+    that the next benchmark starts with all of it (nothing to do on a machine without a GPU)."""
+    if cuda.gpu_count():
+        import gc
+
+        gc.collect()
+        cuda.cupy().get_default_memory_pool().free_all_blocks()
 
 
 def device_info() -> dict:

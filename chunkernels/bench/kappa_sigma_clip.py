@@ -73,17 +73,22 @@ def run(args) -> dict:
         passes = _DevicePasses(blocks)  # the same clipping, counting its passes
         _clip_with_passes(passes, x.dtype, KAPPA, None)
         rows.append({"impl": label, "iterations": result.iterations, "passes": passes.passes,
+                     "kept": result.count,
                      "gpu_s": gpu_median(fn, args.repeat), "wall_s": wall_median(fn, args.repeat)})
 
     flat = x.ravel()
     on_gpu = ks_clipper_cpu(flat, KAPPA)
+    # a peer, not a reference: CuPy's float32 std rounds otherwise than NumPy's, which can move
+    # its window by a rounding and keep a few edge pixels more or fewer; checked more loosely
     _check_lesson("the lesson's loop on CuPy", on_gpu.size, cp.median(on_gpu).get()[()],
-                  float(cp.std(on_gpu)), lesson, host.size)
+                  float(cp.std(on_gpu)), lesson, host.size, loose=True)
     repeat = max(3, args.repeat // 4)
     rows.append({"impl": "lesson's ks_clipper_cpu fed the CuPy array", "iterations": None,
+                 "kept": int(on_gpu.size),
                  "gpu_s": gpu_median(lambda: ks_clipper_cpu(flat, KAPPA), repeat),
                  "wall_s": wall_median(lambda: ks_clipper_cpu(flat, KAPPA), repeat)})
     rows.append({"impl": "lesson's ks_clipper_cpu on NumPy (CPU, one run)", "iterations": None,
+                 "kept": int(lesson["count"]),
                  "gpu_s": None, "wall_s": cpu_seconds})
     _check_lesson("chunkernels", reference.count, reference.median, reference.std, lesson,
                   host.size)
@@ -97,13 +102,15 @@ def run(args) -> dict:
     return report
 
 
-def _check_lesson(label, count, median, std, lesson, size):
+def _check_lesson(label, count, median, std, lesson, size, loose=False):
     """Raise unless ``label`` kept what the lesson's loop on the CPU keeps, up to float32
     rounding: NumPy's std of float32 data sums in float32, so its window edges may differ by a
-    rounding, and a pixel on an edge be kept by one and not the other."""
-    edge = max(2, int(1e-6 * size))
+    rounding, and a pixel on an edge be kept by one and not the other. ``loose`` for an
+    implementation whose float32 sums round otherwise (CuPy's): its iterations may then part
+    from NumPy's by a few edge pixels, and these move the median and std by a little more."""
+    edge, tol = (max(2, int(1e-5 * size)), 1e-4) if loose else (max(2, int(1e-6 * size)), 1e-5)
     if abs(count - lesson["count"]) > edge or abs(float(median) - float(lesson["median"])) > \
-            1e-5 * lesson["std"] or abs(std - lesson["std"]) > 1e-5 * lesson["std"]:
+            tol * lesson["std"] or abs(std - lesson["std"]) > tol * lesson["std"]:
         raise AssertionError(
             f"{label} disagrees with the lesson's loop on the CPU: kept {count}, median "
             f"{median!r}, std {std!r}; the lesson keeps {lesson['count']}, median "
@@ -121,11 +128,13 @@ def _markdown(r) -> str:
              f"equal the CPU reference before they are timed. GPU time: median of CUDA-event "
              f"timings (the host round trips between passes included); wall: median wall clock. "
              f"Histograms of {r['bins']} bins.", "",
-             "| implementation | iterations | passes (host round trips) | GPU time (ms) | wall (ms) |",
-             "|---|---:|---:|---:|---:|"]
+             "| implementation | iterations | passes (host round trips) | pixels kept | GPU time (ms) "
+             "| wall (ms) |",
+             "|---|---:|---:|---:|---:|---:|"]
     for row in r["runs"]:
         it = row["iterations"] if row["iterations"] is not None else "-"
         passes = row.get("passes", "-")
         gpu = f"{row['gpu_s'] * 1e3:.2f}" if row["gpu_s"] is not None else "-"
-        lines.append(f"| {row['impl']} | {it} | {passes} | {gpu} | {row['wall_s'] * 1e3:.2f} |")
+        lines.append(f"| {row['impl']} | {it} | {passes} | {row['kept']} | {gpu} | "
+                     f"{row['wall_s'] * 1e3:.2f} |")
     return "\n".join(lines)
