@@ -192,3 +192,82 @@ __global__ void __launch_bounds__(256) zoom(
         out[row * cols + col] = OutTraits<TO>::store(value);
     }
 }
+
+// zoom_pass: the float sums of `zoom`, one axis at a time (float32 data zoomed into float32).
+// The nested sum above, innermost over the last axis, is also a sequence of 1-D resamplings:
+// the last axis first (src: the coefficients, any view), then each axis before it, every pass
+// reading the previous one's C-contiguous float result. Each pass adds the same terms in the
+// same order as the nested sum does at that depth (results agree to a rounding: where the
+// compiler fuses a multiply-add differently), for a few reads and writes of the intermediate
+// arrays instead of K^N loads per output. Used from spline order 2 up: for K^N = 1 or 8 loads
+// the nested kernel, which writes only the output, is the faster.
+//   dst[o0, .., oN-1]   shape: the source's with axis AXIS replaced by its output length
+//                       (axes before AXIS still input positions, axes after it outputs)
+//   cval taps           cval times the weights of the axes already resampled (the tail)
+//   -2 (OUTSIDE)        checked on every axis in the last pass (AXIS == 0): the output is cval
+// One thread per output element (grid-stride), in C order, so neighbouring threads write
+// neighbouring elements and read neighbouring ones along every axis but AXIS.
+template <typename TI, typename TO, typename I, int NDIM, int AXIS, int ORDER, bool CVAL>
+__global__ void __launch_bounds__(256) zoom_pass(
+    const TI* __restrict__ src, TO* __restrict__ dst,
+    const int* __restrict__ taps, const float* __restrict__ weights,
+    const I n, const I e1, const I e2, const I e3,
+    const I s0, const I s1, const I s2, const I s3,
+    const I r0, const I r1, const I r2, const I r3,
+    const double cval_in)
+{
+    constexpr int K = ORDER + 1;
+    const I extent[4] = {0, e1, e2, e3};
+    const I strides[4] = {s0, s1, s2, s3};
+    const I row_offset[4] = {r0, r1, r2, r3};
+    const float cval = (float)cval_in;
+    for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I o[NDIM];
+        I rest = i;
+#pragma unroll
+        for (int a = NDIM - 1; a > 0; --a) {
+            o[a] = rest % extent[a];
+            rest /= extent[a];
+        }
+        o[0] = rest;
+        I base = 0;
+#pragma unroll
+        for (int a = 0; a < NDIM; ++a)
+            if (a != AXIS) base += o[a] * strides[a];
+        const I t = (row_offset[AXIS] + o[AXIS]) * K;
+        int tap[K];
+        bool cval_tap = false;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            tap[k] = __ldg(taps + t + k);
+            cval_tap = cval_tap || (CVAL && tap[k] < 0);
+        }
+        float tail = 1.0f;  // the nested sum's tail[AXIS]: ((1 * S_{N-1}) * S_{N-2}) ... S_{AXIS+1}
+        if (CVAL && cval_tap) {  // only rows that read cval need it
+#pragma unroll
+            for (int a = NDIM - 1; a > AXIS; --a) {
+                const I ta = (row_offset[a] + o[a]) * K;
+                float sum = 0.0f;
+#pragma unroll
+                for (int k = 0; k < K; ++k) sum += __ldg(weights + ta + k);
+                tail = tail * sum;
+            }
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            const float v = (CVAL && tap[k] < 0)
+                                ? cval * tail
+                                : (float)src[base + (I)(tap[k] < 0 ? 0 : tap[k]) * strides[AXIS]];
+            acc += __ldg(weights + t + k) * v;
+        }
+        if (CVAL && AXIS == 0) {
+            bool outside = false;
+#pragma unroll
+            for (int a = 0; a < NDIM; ++a)
+                outside = outside || __ldg(taps + (row_offset[a] + o[a]) * K) == -2;
+            if (outside) acc = cval;
+        }
+        dst[i] = OutTraits<TO>::store(acc);
+    }
+}

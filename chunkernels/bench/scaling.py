@@ -282,9 +282,11 @@ def _keys(z) -> list:
 
 
 def _forget(client, keys, timeout: float = 120.0) -> None:
-    """Wait until the scheduler has forgotten ``keys`` (their results are freed everywhere)."""
+    """Wait until the scheduler has forgotten ``keys`` and no worker holds their results any more
+    (the scheduler tells the workers to free them asynchronously: a memory measurement started
+    before they have would count the previous run's results as the worker's baseline)."""
     deadline = time.monotonic() + timeout
-    while client.run_on_scheduler(_held, keys):
+    while client.run_on_scheduler(_held, keys) or any(client.run(_worker_holds, keys).values()):
         if time.monotonic() > deadline:
             raise TimeoutError(f"the scheduler still holds results of a finished run after "
                                f"{timeout:.0f} s; the next run would reuse them instead of "
@@ -298,6 +300,11 @@ def _held(keys, dask_scheduler=None) -> int:
 
 
 # -- on the workers (module-level functions, so that workers import them by name) ---------------
+
+
+def _worker_holds(keys, dask_worker=None) -> int:
+    """On a worker: how many of ``keys`` it still has results of."""
+    return sum(key in dask_worker.data for key in keys)
 
 
 def _synchronize() -> None:

@@ -18,6 +18,7 @@ CUDA source: ``kernels_cuda/zoom.cu``.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -110,12 +111,14 @@ def dispatch(region, *, taps, weights, cval=0.0, dtype=None, chunks=None):
     k = int(taps[0].shape[1])
     wdtype = np.float32 if region.dtype == np.float32 and dtype == np.float32 else np.float64
     cval_taps = any(bool((t < 0).any()) for t in taps)
-    tap_table = cp.asarray(np.concatenate([np.asarray(t, np.int32).reshape(-1) for t in taps]))
-    weight_table = cp.asarray(np.concatenate([np.asarray(w, wdtype).reshape(-1) for w in weights]))
+    tap_table, weight_table = _device_tables(taps, weights, wdtype, out.device.id)
     rows_offset = np.cumsum([0, *out_shape[:-1]])
 
     strides = layout.element_strides(region) if region.size else (0,) * ndim
     span = sum((n - 1) * abs(s) for n, s in zip(region.shape, strides)) + 1
+    if wdtype == np.float32 and ndim > 1 and k >= 3 and SEPARABLE:
+        return _separable(region, out, strides, span, tap_table, weight_table, rows_offset, k,
+                          cval_taps, cval)
     index64 = max(span * region.dtype.itemsize, out.nbytes) > layout.INT32_MAX
     index = np.int64 if index64 else np.int32
     expr = (f"zoom<{cuda.cuda_type(region.dtype)}, {cuda.cuda_type(dtype)}, "
@@ -134,6 +137,70 @@ def dispatch(region, *, taps, weights, cval=0.0, dtype=None, chunks=None):
     grid = (-(-cols // bx), min(_MAX_GRID_Y, -(-rows // by)))
     scalars = tuple(index(v) for v in (rows, cols, lead[1], lead[2], *s, *r))
     kernel(grid, (bx, by), (region, out, tap_table, weight_table, *scalars, np.float64(cval)))
+    return out
+
+
+#: Tables on the device, by device and content; a repeated zoom (the same shapes and factors, or
+#: the same output block of a recomputed graph) uploads nothing. Oldest out first past the cap.
+_TABLES: dict = {}
+_MAX_TABLES = 64
+_TABLES_LOCK = threading.Lock()
+
+
+def _device_tables(taps, weights, wdtype, device_id):
+    """The concatenated tap (int32) and weight (``wdtype``) tables of every axis, on the device."""
+    t = np.concatenate([np.asarray(a, np.int32).reshape(-1) for a in taps])
+    w = np.concatenate([np.asarray(a, wdtype).reshape(-1) for a in weights])
+    key = (device_id, w.dtype.char, t.tobytes(), w.tobytes())
+    tables = _TABLES.get(key)
+    if tables is None:
+        cp = cuda.cupy()
+        tables = (cp.asarray(t), cp.asarray(w))
+        with _TABLES_LOCK:  # Dask's threads share the cache
+            while len(_TABLES) >= _MAX_TABLES:
+                del _TABLES[next(iter(_TABLES))]
+            _TABLES[key] = tables
+    return tables
+
+
+#: float32 zooms of spline order 2 and up run as one 1-D pass per axis (``zoom_pass``) rather
+#: than one nested sum per output (``zoom``): the same sums, in far less time for the larger
+#: volumes (256³ → 512³ cubic on an H100: 2.98 ms against 4.51, prefilter included; linear
+#: stays nested, 0.88 ms against 1.23 ms in passes). A switch for tests and benchmarks.
+SEPARABLE = True
+
+
+def _separable(region, out, strides, span, taps, weights, rows_offset, k, cval_taps, cval):
+    """The float32 zoom as ``ndim`` passes of ``zoom_pass``, the last axis first, each into a
+    C-contiguous float32 array (the last into ``out``); see ``kernels_cuda/zoom.cu``."""
+    cp = cuda.cupy()
+    ndim = region.ndim
+    shape = list(region.shape)
+    sizes = []
+    for axis in range(ndim - 1, -1, -1):
+        shape[axis] = out.shape[axis]
+        sizes.append(math.prod(shape))
+    index64 = max(span, *sizes) * 4 > layout.INT32_MAX
+    index = np.int64 if index64 else np.int32
+    itype = "long long" if index64 else "int"
+    cv = "true" if cval_taps else "false"
+    r = [index(v) for v in rows_offset] + [index(0)] * (MAX_NDIM - ndim)
+    src, src_strides, shape = region, list(strides), list(region.shape)
+    for axis in range(ndim - 1, -1, -1):
+        shape[axis] = out.shape[axis]
+        dst = out if axis == 0 else cp.empty(shape, dtype=np.float32)
+        kernel = cuda.function("zoom", f"zoom_pass<{cuda.cuda_type(src.dtype)}, "
+                                       f"{cuda.cuda_type(out.dtype)}, {itype}, {ndim}, {axis}, "
+                                       f"{k - 1}, {cv}>")
+        n = dst.size
+        extents = list(shape[1:]) + [1] * (MAX_NDIM - ndim)
+        st = src_strides + [0] * (MAX_NDIM - ndim)
+        grid = min(-(-n // _THREADS), 1 << 30)
+        kernel((grid,), (_THREADS,), (src, dst, taps, weights, index(n),
+                                      *(index(e) for e in extents[:3]),
+                                      *(index(v) for v in st), *r, np.float64(cval)))
+        src = dst
+        src_strides = [int(v) for v in np.cumprod([1, *shape[:0:-1]])[::-1]]
     return out
 
 
@@ -321,6 +388,10 @@ SPEC = KernelSpec(
         "zoom<short, short, double, int, 4, 1, true>",
         "zoom<double, float, double, int, 1, 2, false>",
         "zoom<float, bool, double, int, 3, 3, true>",
+        "zoom_pass<float, float, int, 3, 2, 3, false>",
+        "zoom_pass<float, float, int, 3, 0, 3, true>",
+        "zoom_pass<float, float, long long, 2, 1, 2, true>",
+        "zoom_pass<float, float, int, 4, 0, 5, false>",
     ),
     dtypes=_GPU_DTYPES,
     ndim=(1, MAX_NDIM),

@@ -9,6 +9,7 @@ with which B-spline weights (SciPy's ``NI_ZoomShift``, ``map_coordinate`` and
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import warnings
@@ -230,13 +231,21 @@ def zoom_tables(in_shape, out_shape, *, order=3, mode="constant", grid_mode=Fals
     """Per-axis taps and weights of a whole zoom from ``in_shape`` to ``out_shape``.
 
     ``npad`` is the prepadding on each side of every axis: the taps then index an array of
-    ``in_shape + 2 * npad``.
+    ``in_shape + 2 * npad``. The tables are computed once per set of arguments (a zoom repeated
+    on volumes of one shape, a training loop's resize, costs no host work here) and are
+    read-only.
     """
-    mode = check_mode(mode)
+    return _zoom_tables(tuple(int(n) for n in in_shape), tuple(int(n) for n in out_shape),
+                        int(order), check_mode(mode), bool(grid_mode), int(npad))
+
+
+@functools.lru_cache(maxsize=256)
+def _zoom_tables(in_shape, out_shape, order, mode, grid_mode, npad):
     taps, weights = [], []
     for n_in, n_out, scale in zip(in_shape, out_shape, zoom_scales(in_shape, out_shape, grid_mode)):
         t, w = axis_taps(np.arange(n_out), n_in + 2 * npad, scale, order=order, mode=mode,
                          grid_mode=grid_mode, npad=npad)
+        t.flags.writeable = w.flags.writeable = False
         taps.append(t)
         weights.append(w)
     return tuple(taps), tuple(weights)
