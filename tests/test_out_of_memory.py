@@ -142,3 +142,27 @@ def test_out_of_memory_on_a_gpu_worker_which_keeps_serving():
         assert_close(got, ndi.gaussian_filter(small_np, 4), rtol=1e-5, atol=1e-5)
         assert c.run(os.getpid) == {worker: pid}  # the same worker process served both
         c.run(_unlimited_pool)
+
+
+@pytest.mark.gpu
+def test_out_of_memory_assembling_a_halo_buffer_names_the_kernel_and_a_rechunk():
+    """Blocks in memory are extended with their halo into a new buffer before the kernel runs:
+    when that buffer does not fit, the same error as from the kernel, for the extended block."""
+    import cupy as cp
+
+    x_np = random_array(np.random.default_rng(2), (2048, 2048), "float32", nonnegative=True)
+    x = da.from_array(cp.asarray(x_np), chunks=1024, asarray=False).persist()  # 4 MiB blocks
+    _warm_up()
+    used = _limited_pool(2 * MiB)  # less than one block with its halo, 1040 x 1040 float32
+    try:
+        with pytest.raises(GPUOutOfMemoryError, match=(
+                r"^gaussian_filter: the GPU ran out of memory on a block of shape \(1040, 1040\) "
+                r"float32 \(4\.13 MiB; a Dask block includes the kernel's halo, 16 per side along "
+                r"axis 0 and 16 per side along axis 1\): OutOfMemoryError: .* e\.g\. x = "
+                r"x\.rechunk\(\(504, 504\)\)")):
+            chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
+        assert _pool_used() == used  # nothing of the failed task is left on the device
+    finally:
+        _unlimited_pool()
+    got = chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
+    assert_close(got, ndi.gaussian_filter(x_np, 4), rtol=1e-5, atol=1e-5)
