@@ -63,9 +63,19 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
             failure = f"{type(exc).__name__}: {exc}"
         # raised outside the except block, so that no frame of the failed launch (and none of
         # its device buffers) stays referenced from the error while it travels to the client
-        raise GPUOutOfMemoryError(out_of_memory_message(
-            spec.name, x.shape, x.dtype, spec.depth(x.ndim, params), device_memory(x.device),
-            failure))
+        raise out_of_memory_error(spec.name, x.shape, x.dtype, x.device,
+                                  spec.depth(x.ndim, params), failure)
+
+
+def out_of_memory_error(kernel: str, shape: tuple[int, ...], dtype, device, depth: Sequence[int],
+                        failure: str) -> GPUOutOfMemoryError:
+    """The error for a block of ``shape`` and ``dtype`` (its halo of ``depth`` per side
+    included) that did not fit on CuPy device ``device``; ``failure`` is the allocator's
+    ``"Type: message"``. Raise it outside the ``except`` block that caught the allocator's
+    error, so that no frame of the failed work (and none of its device buffers) stays
+    referenced from it."""
+    return GPUOutOfMemoryError(out_of_memory_message(
+        kernel, shape, dtype, depth, device_memory(device), failure))
 
 
 def device_memory(device) -> dict[str, Any]:

@@ -226,23 +226,13 @@ def _extend_and_run(fn, plan, cores, pieces):
             failure = f"{type(exc).__name__}: {exc}"
         else:
             return fn(*extended)[core]
-        # raised outside the except block, as run_block raises it: no frame of the failed
-        # assembly stays referenced from the error
-        raise _out_of_memory(fn, plan, cores[0], failure)
+        # the halo buffer did not fit: the error run_block raises, for the extended block
+        from chunkernels._dispatch import out_of_memory_error
 
-
-def _out_of_memory(fn, plan, block, failure: str):
-    """The :class:`~chunkernels.GPUOutOfMemoryError` of a block whose halo buffer (the block
-    with its halo, ``plan``'s shape) did not fit on its device."""
-    from chunkernels._dispatch import device_memory, out_of_memory_message
-    from chunkernels._errors import GPUOutOfMemoryError
-
-    spec = getattr(fn, "spec", None)
-    name = spec.name if spec is not None else getattr(fn, "__name__", "halo exchange")
-    shape, core = plan[0], plan[1]
-    depth = tuple(max(c.start, n - c.stop) for n, c in zip(shape, core))  # the wider side
-    return GPUOutOfMemoryError(out_of_memory_message(
-        name, shape, block.dtype, depth, device_memory(block.device), failure))
+        spec = getattr(fn, "spec", None)
+        name = spec.name if spec is not None else getattr(fn, "__name__", "halo exchange")
+        depth = tuple(max(c.start, n - c.stop) for n, c in zip(plan[0], core))  # wider side
+        raise out_of_memory_error(name, plan[0], cores[0].dtype, cores[0].device, depth, failure)
 
 
 def _extend(xp, plan, block, pieces):

@@ -175,11 +175,8 @@ def _separable(region, out, strides, span, taps, weights, rows_offset, k, cval_t
     C-contiguous float32 array (the last into ``out``); see ``kernels_cuda/zoom.cu``."""
     cp = cuda.cupy()
     ndim = region.ndim
-    shape = list(region.shape)
-    sizes = []
-    for axis in range(ndim - 1, -1, -1):
-        shape[axis] = out.shape[axis]
-        sizes.append(math.prod(shape))
+    # pass `axis` writes the input's leading axes and the output's from `axis` on
+    sizes = [math.prod(region.shape[:axis]) * math.prod(out.shape[axis:]) for axis in range(ndim)]
     index64 = max(span, *sizes) * 4 > layout.INT32_MAX
     index = np.int64 if index64 else np.int32
     itype = "long long" if index64 else "int"
@@ -193,12 +190,12 @@ def _separable(region, out, strides, span, taps, weights, rows_offset, k, cval_t
                                        f"{cuda.cuda_type(out.dtype)}, {itype}, {ndim}, {axis}, "
                                        f"{k - 1}, {cv}>")
         n = dst.size
-        extents = list(shape[1:]) + [1] * (MAX_NDIM - ndim)
-        st = src_strides + [0] * (MAX_NDIM - ndim)
+        extents = list(shape[1:]) + [1] * (MAX_NDIM - ndim)  # e1..e3: C order past axis 0
+        padded_strides = src_strides + [0] * (MAX_NDIM - ndim)
         grid = min(-(-n // _THREADS), 1 << 30)
         kernel((grid,), (_THREADS,), (src, dst, taps, weights, index(n),
-                                      *(index(e) for e in extents[:3]),
-                                      *(index(v) for v in st), *r, np.float64(cval)))
+                                      *(index(e) for e in extents),
+                                      *(index(v) for v in padded_strides), *r, np.float64(cval)))
         src = dst
         src_strides = [int(v) for v in np.cumprod([1, *shape[:0:-1]])[::-1]]
     return out
