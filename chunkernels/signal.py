@@ -29,7 +29,8 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
     in1 : numpy.ndarray, cupy.ndarray or dask.array.Array
         The image. A Dask array is convolved chunk by chunk, with halos from its neighbours.
     in2 : array_like
-        The filter (NumPy or CuPy), 2-D.
+        The filter (NumPy or CuPy), 2-D. CuPy weights stay on the device: the GPU path reads
+        them there, without the host round trip (and device synchronisation) of copying them.
     mode : {'full', 'same', 'valid'}
         The full discrete convolution (shape ``in1.shape + in2.shape - 1``), its centre with
         ``in1``'s shape, or only the outputs that need no boundary values. For 'valid', the
@@ -69,7 +70,7 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
                 f"For 'valid' mode, one must be at least as large as the other in every "
                 f"dimension: in1 {x.shape}, in2 {weights.shape}")
         # scipy swaps the inputs (convolution commutes): the smaller in1 becomes the filter
-        x, params["weights"] = _in_type_of(x, weights), C.validate(2, _host(x))["weights"]
+        x, params["weights"] = _in_type_of(x, _host(weights)), C.validate(2, _host(x))["weights"]
     if x.size == 0 or params["weights"].size == 0:  # scipy's shapes for empty inputs, from scipy
         return _in_type_of(x, spec.cpu(_host(x), **params))
     if not _is_dask(x) or params["mode"] == "same":

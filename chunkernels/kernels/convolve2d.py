@@ -15,6 +15,7 @@ import numbers
 import numpy as np
 import scipy.signal as signal
 
+from chunkernels import cuda
 from chunkernels._errors import HaloError
 from chunkernels._registry import KernelSpec
 from chunkernels.kernels import correlate, correlate1d
@@ -42,22 +43,31 @@ def extension(n: int, pad: int, boundary: str) -> np.ndarray:
 
 
 def reference(x, *, weights, mode="full", boundary="fill", fillvalue=0):
-    """CPU reference: ``scipy.signal.convolve2d``."""
+    """CPU reference: ``scipy.signal.convolve2d`` (CuPy weights are copied to the host)."""
+    if cuda.is_cupy_array(weights):
+        weights = weights.get()
     return signal.convolve2d(x, weights, mode, boundary, fillvalue)
 
 
 def validate(ndim, weights, mode="full", boundary="fill", fillvalue=0):
-    """scipy.signal.convolve2d's parameters, checked and normalised."""
-    if hasattr(weights, "get") and not isinstance(weights, np.ndarray):  # a CuPy array
-        weights = weights.get()
-    weights = np.array(weights)
+    """scipy.signal.convolve2d's parameters, checked and normalised.
+
+    Host weights become a read-only copy. CuPy weights stay on their device, as a copy made
+    there: the GPU path reads them without a host round trip, which would synchronise the device
+    (the lesson passes its Gaussian as a CuPy array); the CPU reference copies them to the host.
+    """
+    if cuda.is_cupy_array(weights):
+        weights = weights.copy()
+    else:
+        weights = np.array(weights)
     if ndim != 2 or weights.ndim != 2:
         raise S.FilterArgumentError(f"convolve2d inputs must both be 2-D arrays; got in1 of ndim "
                                     f"{ndim} and in2 of ndim {weights.ndim}")
     if weights.dtype.kind not in "biufc":
         raise S.FilterArgumentError(f"convolve2d takes numeric arrays; got in2 of dtype "
                                     f"{weights.dtype}")
-    weights.setflags(write=False)
+    if isinstance(weights, np.ndarray):
+        weights.setflags(write=False)
     if mode not in MODES:
         raise S.FilterArgumentError(f"Acceptable mode flags are 'valid', 'same', or 'full'; got "
                                     f"mode={mode!r}")
@@ -107,7 +117,7 @@ def fill_value(value, out_dtype):
 
 def result_dtype(x_dtype, *operand_dtypes, weights, **params) -> np.dtype:
     """``numpy.result_type(in1, in2)``, scipy.signal's output type."""
-    return np.result_type(x_dtype, np.asarray(weights).dtype)
+    return np.result_type(x_dtype, correlate1d._dtype_of(weights))
 
 
 def halo(ndim, *, weights, mode, **params):

@@ -112,8 +112,9 @@ def _smem(taps3, itemsize: int) -> int:
 def correlate_gpu(x, weights, starts, out_shape, mode, cval, out_dtype, acc_dtype):
     """``out[p] = sum_k weights[k] * x~[p + starts + k]`` on the device, ``x~`` extended by ``mode``.
 
-    ``x`` is a non-empty CuPy view of any strides and ``weights`` a host array of the same ndim
-    (size-1 axes where nothing is filtered); the result, of ``out_shape``, is laid out in ``x``'s
+    ``x`` is a non-empty CuPy view of any strides and ``weights`` a host or CuPy array of the same
+    ndim (size-1 axes where nothing is filtered; CuPy weights are rearranged on the device,
+    without a synchronising host copy); the result, of ``out_shape``, is laid out in ``x``'s
     memory order (C order for integer results of double sums, which are summed in scipy's order).
     Beyond three filtered axes, single-tap axes (same extent in and out) are looped over.
     """
@@ -131,7 +132,10 @@ def correlate_gpu(x, weights, starts, out_shape, mode, cval, out_dtype, acc_dtyp
     # correlation commutes with permuting the axes of x, out, weights and starts together
     xt, ot = x.transpose(order), out.transpose(order)
     keep = [pos for pos in range(x.ndim) if pos not in looped]
-    wt = np.transpose(weights, order).reshape(taps3)
+    if cuda.is_cupy_array(weights):  # one device copy: transposed, C-ordered, in the sum's type
+        wt = cp.ascontiguousarray(weights.transpose(order), dtype=acc_dtype).reshape(taps3)
+    else:
+        wt = np.transpose(weights, order).reshape(taps3)
     st = [0] * (MAX_FILTERED - len(keep)) + [starts[order[pos]] for pos in keep]
     acc = np.dtype(acc_dtype)
     # through an array: a uint64 fill value wraps into an int64 accumulator, as the sums do

@@ -6,6 +6,7 @@ the halo, wrap across many chunks), chunking invariance, the GPU lesson's exact 
 scipy's errors."""
 
 import itertools
+from contextlib import nullcontext
 
 import dask.array as da
 import numpy as np
@@ -223,6 +224,38 @@ def test_lesson_exact_example_on_the_gpu():
     assert_close(got, expected)
     chunked = convolve2d(da.from_array(diracs_gpu, chunks=512, asarray=False), gauss_gpu)
     assert_close(chunked.compute(), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("error::chunkernels.CPUFallbackWarning")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("boundary", ("fill", "wrap", "symm"))
+def test_cupy_weights_stay_on_the_device(mode, boundary):
+    """CuPy weights (kept on the device by the GPU path) give scipy's result with CuPy, NumPy
+    and Dask inputs of either chunk type, integer and complex weights included; the caller's
+    weights may change after a lazy call without changing its result."""
+    import cupy as cp
+
+    rng = np.random.default_rng(101)
+    x = rng.standard_normal((33, 28))
+    for w in (rng.standard_normal((5, 4)), rng.integers(-3, 4, (3, 3)),
+              rng.standard_normal((3, 2)) + 1j * rng.standard_normal((3, 2)),
+              rng.standard_normal((40, 30))):
+        expected = sg.convolve2d(x, w, mode, boundary, 0.5)
+        w_gpu = cp.asarray(w)
+        with pytest.warns(CPUFallbackWarning) if w.dtype.kind == "c" else nullcontext():
+            got = convolve2d(cp.asarray(x), w_gpu, mode, boundary, 0.5)
+        assert isinstance(got, cp.ndarray)
+        assert_close(got, expected, err_msg=f"weights {w.dtype} {w.shape}")
+        assert_close(convolve2d(x, w_gpu, mode, boundary, 0.5), expected)
+        if w.dtype.kind == "c":
+            continue
+        for chunk_type in (np.asarray, cp.asarray):
+            lazy = convolve2d(da.from_array(chunk_type(x), chunks=(10, 9), asarray=False),
+                              w_gpu, mode, boundary, 0.5)
+            w_gpu[...] = 0
+            assert_close(lazy.compute(), expected, err_msg=f"{chunk_type.__module__} chunks")
+            w_gpu = cp.asarray(w)
 
 
 @settings(max_examples=30, deadline=None)
