@@ -69,12 +69,17 @@ def gpu_supports(x, out_dtype, *, weights=None, smem=0):
     if np.dtype(out_dtype) not in _GPU_DTYPE_SET:
         return False, (f"the output dtype is {np.dtype(out_dtype).name}; the GPU path writes "
                        f"{', '.join(GPU_DTYPES)}")
-    if weights is not None and np.asarray(weights).dtype.kind == "c":
+    if weights is not None and _dtype_of(weights).kind == "c":
         return False, "complex weights are computed by the CPU reference"
     if smem > max_smem():
         return False, (f"the filter needs {smem} bytes of shared memory per tile; this device "
                        f"allows {max_smem()} (a smaller filter, or the CPU reference)")
     return True, ""
+
+
+def _dtype_of(a) -> np.dtype:
+    """The dtype of an array (NumPy or CuPy, read without a copy) or of a sequence."""
+    return a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
 
 
 def accumulator(x_dtype, out_dtype) -> np.dtype:
@@ -115,12 +120,16 @@ _WEIGHTS: dict[tuple, object] = {}
 _MAX_WEIGHTS = 256
 
 
-def device_weights(weights: np.ndarray, dtype):
-    """``weights`` as a C-ordered device array of ``dtype``, uploaded once per device and value.
+def device_weights(weights, dtype):
+    """``weights`` as a C-ordered device array of ``dtype``: host weights are uploaded once per
+    device and value; device (CuPy) weights are converted where they are, without a host round
+    trip (a copy only where their dtype or layout differs).
 
     Interior Dask blocks share the weights: a block then costs no host-to-device copy.
     """
     cp = cuda.cupy()
+    if cuda.is_cupy_array(weights):
+        return cp.ascontiguousarray(weights, dtype=dtype)
     host = np.ascontiguousarray(weights, dtype=dtype)
     key = (cp.cuda.runtime.getDevice(), host.dtype.str, host.shape, host.tobytes())
     dev = _WEIGHTS.get(key)
@@ -133,8 +142,16 @@ def device_weights(weights: np.ndarray, dtype):
 
 def symmetry(weights) -> int:
     """scipy's classification of 1-D weights (``NI_Correlate1D``), which picks its summation order:
-    1 symmetric, -1 antisymmetric (odd lengths, within DBL_EPSILON), 0 otherwise."""
-    weights = np.asarray(weights, dtype=np.float64)
+    1 symmetric, -1 antisymmetric (odd lengths, within DBL_EPSILON), 0 otherwise.
+
+    Cached by value: every block of a filter asks it of the same weights.
+    """
+    return _symmetry(np.ascontiguousarray(weights, dtype=np.float64).tobytes())
+
+
+@functools.lru_cache(maxsize=1024)
+def _symmetry(raw: bytes) -> int:
+    weights = np.frombuffer(raw, dtype=np.float64)
     if len(weights) % 2 == 0:
         return 0
     h = len(weights) // 2
@@ -176,7 +193,7 @@ class _PassPlan:
     launch the path of indices to its views, the compiled kernel, the grid and the scalars
     (``cval`` and the divisor are given per call)."""
 
-    __slots__ = ("alloc", "out_dtype", "acc", "smem", "launches")
+    __slots__ = ("alloc", "out_dtype", "acc", "smem", "launches", "_weights")
 
     def __init__(self, cp, x, m, axis, mode, origin, out_dtype):
         self.alloc = layout.Allocation(x.shape, x.strides)
@@ -185,6 +202,7 @@ class _PassPlan:
         self.acc = accumulator(x.dtype, out.dtype)
         self.smem = pass_smem(m, self.acc.itemsize)
         self.launches = []
+        self._weights = (None, None, 0)  # the last host weights, their device copy, symmetry
         if x.size == 0:
             return
         index = np.int64 if layout.needs_index64(x, out) else np.int32
@@ -204,14 +222,35 @@ class _PassPlan:
         out = self.alloc.empty(cp, self.out_dtype)
         if not self.launches:
             return out
-        w = device_weights(weights, self.acc)
-        tail = (self.acc.type(cval), self.acc.type(divisor), np.int32(symmetry(weights)))
+        w, sym = self._device_weights(weights)
+        tail = (self.acc.type(cval), self.acc.type(divisor), np.int32(sym))
         for path, kernel, grid, scalars in self.launches:
             xv, ov = x, out
             for index in path:
                 xv, ov = xv[index], ov[index]
             kernel(grid, _BLOCK, (xv, ov, w, *scalars, *tail), shared_mem=self.smem)
         return out
+
+
+    def _device_weights(self, weights):
+        """``weights`` on the device and their symmetry; the same read-only array as the last
+        call's (every block of a filter passes the same cached weights) reuses both."""
+        seen, w, sym = self._weights
+        if weights is seen:
+            return w, sym
+        w, sym = device_weights(weights, self.acc), symmetry(weights)
+        if _frozen(weights):
+            self._weights = (weights, w, sym)
+        return w, sym
+
+
+def _frozen(a) -> bool:
+    """Whether NumPy array ``a`` and the memory it views are read-only: its values cannot change."""
+    while isinstance(a, np.ndarray):
+        if a.flags.writeable:
+            return False
+        a = a.base
+    return a is None
 
 
 def _pass_views(x, out, axis, path=()):
