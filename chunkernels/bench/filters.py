@@ -24,13 +24,14 @@ from chunkernels.bench import MiB, device_info, gpu_median, wall_median
 GAUSS_SHAPE, GAUSS_SIGMA, GAUSS_CHUNK = (8192, 8192), 4.0, 2048
 CONV_SHAPE, CONV_TAPS = (2048, 2048), 15
 #: Dask options of the chunked chunkernels runs (label suffix: options of ``dask.persist``): the
-#: default thread pool, one thread, and ready tasks handed to the threads 16 at a time, which
-#: docs/gpus.md recommends for one GPU.
+#: threaded scheduler with its default pool, with one thread, and handing its threads 16 ready
+#: tasks at a time; and the synchronous scheduler, one host thread launching every block, which
+#: docs/gpus.md recommends for one GPU in one process.
 SCHEDULER_OPTIONS = {
-    "": {},
-    ", 1 thread": {"num_workers": 1},
-    ", chunksize 16": {"chunksize": 16},
-    ", 1 thread, chunksize 16": {"num_workers": 1, "chunksize": 16},
+    ", threads": {"scheduler": "threads"},
+    ", 1 thread": {"scheduler": "threads", "num_workers": 1},
+    ", threads, chunksize 16": {"scheduler": "threads", "chunksize": 16},
+    ", synchronous scheduler": {"scheduler": "sync"},
 }
 #: Threads of dask-image's NumPy run (the CPU baseline a multi-core workstation gets).
 CPU_THREADS = 16
@@ -77,7 +78,7 @@ def _gaussian(repeat: int) -> dict:
 
     def chunked(filter_fn, **options):
         def go():
-            (z,) = dask.persist(filter_fn(dx, GAUSS_SIGMA), scheduler="threads", **options)
+            (z,) = dask.persist(filter_fn(dx, GAUSS_SIGMA), **{"scheduler": "threads", **options})
             sync()
             return z
         return go
@@ -96,7 +97,7 @@ def _gaussian(repeat: int) -> dict:
         runs = {"dask-image, Dask CuPy chunks": chunked(dask_image.gaussian_filter), **runs}
     for label, fn in runs.items():
         _check(label, fn().compute(scheduler="threads"), expected)
-        rows.append(_row(f"{label} {GAUSS_CHUNK}², threaded, persisted input", wall_median(
+        rows.append(_row(f"{label} {GAUSS_CHUNK}², persisted input", wall_median(
             fn, repeat), "wall, ends in a device sync"))
     t_copy = gpu_median(copy, repeat)
     return {"shape": list(GAUSS_SHAPE), "dtype": "float32", "sigma": GAUSS_SIGMA,

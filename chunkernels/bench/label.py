@@ -6,7 +6,8 @@ against ``scipy.ndimage.label`` first (numbering identical; dask-image's, which 
 differently, are checked for the same partition and count), then timed: SciPy on the whole
 array (once), ``cupyx.scipy.ndimage.label`` and chunkernels on the whole CuPy array (CUDA-event
 median, and wall clock since both read the count back), chunkernels on a persisted Dask array of
-2048² CuPy chunks (threaded scheduler, wall clock ending in a device synchronisation, median),
+2048² CuPy chunks (threaded scheduler, one thread, and the synchronous scheduler; wall clock
+ending in a device synchronisation, median),
 the merge of that run alone (from the summaries on the device, and from host copies), and
 dask-image on NumPy chunks where it is installed.
 """
@@ -69,7 +70,7 @@ def run(args) -> dict:
 
     def chunked(**kw):
         labels, n = ndimage.label(dx)
-        labels, n = dask.persist(labels, n, scheduler="threads", **kw)
+        labels, n = dask.persist(labels, n, **{"scheduler": "threads", **kw})
         sync()
         return labels, n
 
@@ -77,7 +78,8 @@ def run(args) -> dict:
     same(labels.compute(), n.compute(), "chunkernels on Dask CuPy chunks")
     del labels
     for name, kw in (("chunkernels.ndimage.label, Dask of CuPy chunks", {}),
-                     ("the same, one scheduler thread", {"num_workers": 1})):
+                     ("the same, one scheduler thread", {"num_workers": 1}),
+                     ("the same, synchronous scheduler", {"scheduler": "sync"})):
         rows.append({"impl": f"{name} ({CHUNK}² chunks)",
                      "wall_s": wall_median(lambda: chunked(**kw), args.repeat)})
 
