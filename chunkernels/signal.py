@@ -13,6 +13,7 @@ import numpy as np
 
 from chunkernels import cuda
 from chunkernels._apply import _is_dask, apply
+from chunkernels._dispatch import run_block
 from chunkernels._registry import get
 from chunkernels.interop import accepts_tensors
 from chunkernels.kernels import convolve2d as C
@@ -73,7 +74,9 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
         x, params["weights"] = _in_type_of(x, _host(weights)), C.validate(2, _host(x))["weights"]
     if x.size == 0 or params["weights"].size == 0:  # scipy's shapes for empty inputs, from scipy
         return _in_type_of(x, spec.cpu(_host(x), **params))
-    if not _is_dask(x) or params["mode"] == "same":
+    if not _is_dask(x):  # the parameters are validated: run it now, without validating again
+        return run_block(spec, x, (), params)
+    if params["mode"] == "same":
         return apply(x, "convolve2d", allow_rechunk=True, **params)
     return _chunked_window(x, params, out_dtype)
 

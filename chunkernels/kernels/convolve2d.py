@@ -156,8 +156,8 @@ def dispatch(x, *, weights, mode, boundary, fillvalue):
     """GPU path: correlation with the flipped weights over the mode's output window."""
     out_dtype = result_dtype(x.dtype, weights=weights)
     starts, shape = zip(*(window(n, m, mode) for n, m in zip(x.shape, weights.shape)))
-    return correlate.correlate_gpu(x, weights[::-1, ::-1], starts, shape, NDIMAGE_MODE[boundary],
-                                   fillvalue, out_dtype, accumulator(out_dtype))
+    return correlate.correlate_gpu(x, weights, starts, shape, NDIMAGE_MODE[boundary], fillvalue,
+                                   out_dtype, accumulator(out_dtype), flip=True)
 
 
 def supports(x, *, weights, mode, **params):

@@ -109,14 +109,18 @@ def _smem(taps3, itemsize: int) -> int:
     return ((_TILE[0] + m1 - 1) * (_TILE[1] + m2 - 1) + m1 * m2) * itemsize
 
 
-def correlate_gpu(x, weights, starts, out_shape, mode, cval, out_dtype, acc_dtype):
-    """``out[p] = sum_k weights[k] * x~[p + starts + k]`` on the device, ``x~`` extended by ``mode``.
+def correlate_gpu(x, weights, starts, out_shape, mode, cval, out_dtype, acc_dtype, *, flip=False):
+    """``out[p] = sum_k w[k] * x~[p + starts + k]`` on the device, ``x~`` extended by ``mode``;
+    ``w`` is ``weights``, reversed along every axis when ``flip`` (a convolution).
 
     ``x`` is a non-empty CuPy view of any strides and ``weights`` a host or CuPy array of the same
     ndim (size-1 axes where nothing is filtered; CuPy weights are rearranged on the device,
-    without a synchronising host copy); the result, of ``out_shape``, is laid out in ``x``'s
-    memory order (C order for integer results of double sums, which are summed in scipy's order).
-    Beyond three filtered axes, single-tap axes (same extent in and out) are looped over.
+    without a synchronising host copy, and must not change between calls that pass the same
+    object, as the kernels' validated copies do not); the result, of ``out_shape``, is laid out
+    in ``x``'s memory order (C order for integer results of double sums, which are summed in
+    scipy's order). Beyond three filtered axes, single-tap axes (same extent in and out) are
+    looped over. The launches are planned once per layout and parameters (:class:`_NDPlan`):
+    interior Dask blocks and repeated calls share them.
     """
     cp = cuda.cupy()
     if np.dtype(out_dtype).kind in "biu" and np.dtype(acc_dtype) == np.float64 and \
@@ -124,43 +128,122 @@ def correlate_gpu(x, weights, starts, out_shape, mode, cval, out_dtype, acc_dtyp
         # integer results are summed in scipy's order, the taps in C order of the weights, which
         # the kernel walks in the data's memory order: the data must be in C order too
         x = cp.ascontiguousarray(x)
-    order, looped, taps3 = _plan(x, weights.shape)
-    alloc = cp.empty(tuple(out_shape[a] for a in order), dtype=out_dtype)
-    out = alloc.transpose(tuple(int(a) for a in np.argsort(order)))
-    if out.size == 0:
+    key = (cp.cuda.runtime.getDevice(), x.shape, x.strides, x.dtype.str, weights.shape,
+           tuple(starts), tuple(out_shape), mode, np.dtype(out_dtype).str,
+           np.dtype(acc_dtype).str)
+    plan = _ND_PLANS.get(key)
+    if plan is None:
+        if len(_ND_PLANS) >= _MAX_ND_PLANS:
+            _ND_PLANS.clear()
+        plan = _ND_PLANS[key] = _NDPlan(cp, x, weights.shape, starts, out_shape, mode,
+                                        out_dtype, acc_dtype)
+    return plan(cp, x, weights, flip, cval)
+
+
+_ND_PLANS: dict[tuple, _NDPlan] = {}
+_MAX_ND_PLANS = 4096
+
+
+class _NDPlan:
+    """The launches of :func:`correlate_gpu` for one layout and set of parameters: the output's
+    allocation, the compiled kernel, and per launch its views, grid and scalars. A call then
+    costs the allocation, the weights (reused while the same read-only array comes back) and
+    the launches. An empty output has no launches (and no kernel)."""
+
+    __slots__ = ("order", "identity", "alloc_shape", "axes", "out_dtype", "acc", "taps3",
+                 "kernel", "smem", "launches", "_weights", "_fill")
+
+    def __init__(self, cp, x, taps, starts, out_shape, mode, out_dtype, acc_dtype):
+        order, looped, taps3 = _plan(x, taps)
+        self.order = tuple(int(a) for a in order)
+        self.identity = self.order == tuple(range(x.ndim))
+        self.alloc_shape = tuple(out_shape[a] for a in order)
+        inverse = tuple(int(a) for a in np.argsort(order))
+        self.axes = None if self.identity else inverse
+        self.out_dtype = np.dtype(out_dtype)
+        self.acc = np.dtype(acc_dtype)
+        self.taps3 = taps3
+        self._weights = (None, False, None)  # the last weights, whether flipped, device copy
+        self._fill = (None, None)            # the last (type, cval) and its value to sum
+        self.launches = []
+        # correlation commutes with permuting the axes of x, out, weights and starts together
+        alloc = cp.empty(self.alloc_shape, dtype=out_dtype)
+        if alloc.size == 0:
+            return
+        out = alloc if self.axes is None else alloc.transpose(self.axes)
+        xt = x.transpose(order)
+        keep = [pos for pos in range(x.ndim) if pos not in looped]
+        st = [0] * (MAX_FILTERED - len(keep)) + [starts[order[pos]] for pos in keep]
+        index = np.int64 if layout.needs_index64(x, out) else np.int32
+        self.kernel = cuda.function("correlate", f"correlate_nd<{cuda.cuda_type(x.dtype)}, "
+                                    f"{cuda.cuda_type(out.dtype)}, {cuda.cuda_type(self.acc)}, "
+                                    f"{'long long' if index is np.int64 else 'int'}>")
+        self.smem = _smem(taps3, self.acc.itemsize)
+        correlate1d.launchable(self.kernel, self.smem)
+        pad = (None,) * (MAX_FILTERED - len(keep))
+        for at in np.ndindex(*(x.shape[order[pos]] for pos in looped)):
+            pick = [slice(None)] * x.ndim
+            for pos, i in zip(looped, at):
+                pick[pos] = i
+            pick = tuple(pick)
+            xv, ov = xt[pick][pad], alloc[pick][pad]
+            p0, p1, p2 = ov.shape
+            grid = (-(-p2 // _TILE[1]), min(65535, -(-p1 // _TILE[0])), min(65535, p0))
+            scalars = (*map(np.int32, taps3),
+                       *map(index, xv.shape), *map(index, layout.element_strides(xv)),
+                       *map(index, ov.shape), *map(index, layout.element_strides(ov)),
+                       *map(index, st), np.int32(S.MODES.index(mode)))
+            # a launch without looped axes reads x and writes the allocation from their first
+            # element: the arrays themselves carry the addresses, no view is needed per call
+            self.launches.append((pick if looped else None, pad, grid, scalars))
+
+    def __call__(self, cp, x, weights, flip, cval):
+        alloc = cp.empty(self.alloc_shape, dtype=self.out_dtype)
+        out = alloc if self.axes is None else alloc.transpose(self.axes)
+        if not self.launches:
+            return out
+        w = self._device_weights(cp, weights, flip)
+        fill = self._fill_value(cval)
+        for pick, pad, grid, scalars in self.launches:
+            if pick is None:  # x and the allocation start at the view's first element
+                xv, ov = x, alloc
+            else:
+                xv = (x if self.identity else x.transpose(self.order))[pick][pad]
+                ov = alloc[pick][pad]
+            self.kernel(grid, (32, 8), (xv, ov, w, *scalars, fill), shared_mem=self.smem)
         return out
-    # correlation commutes with permuting the axes of x, out, weights and starts together
-    xt, ot = x.transpose(order), out.transpose(order)
-    keep = [pos for pos in range(x.ndim) if pos not in looped]
-    if cuda.is_cupy_array(weights):  # one device copy: transposed, C-ordered, in the sum's type
-        wt = cp.ascontiguousarray(weights.transpose(order), dtype=acc_dtype).reshape(taps3)
-    else:
-        wt = np.transpose(weights, order).reshape(taps3)
-    st = [0] * (MAX_FILTERED - len(keep)) + [starts[order[pos]] for pos in keep]
-    acc = np.dtype(acc_dtype)
-    # through an array: a uint64 fill value wraps into an int64 accumulator, as the sums do
-    fill = np.asarray(cval).astype(acc)[()]
-    w = correlate1d.device_weights(wt, acc)  # C order: planes of (m1, m2) taps, as the kernel reads
-    index = np.int64 if layout.needs_index64(x, out) else np.int32
-    kernel = cuda.function("correlate", f"correlate_nd<{cuda.cuda_type(x.dtype)}, "
-                           f"{cuda.cuda_type(out.dtype)}, {cuda.cuda_type(acc)}, "
-                           f"{'long long' if index is np.int64 else 'int'}>")
-    smem = _smem(taps3, acc.itemsize)
-    correlate1d.launchable(kernel, smem)
-    pad = (None,) * (MAX_FILTERED - len(keep))
-    for at in np.ndindex(*(x.shape[order[pos]] for pos in looped)):
-        pick = [slice(None)] * x.ndim
-        for pos, i in zip(looped, at):
-            pick[pos] = i
-        xv, ov = xt[tuple(pick)][pad], ot[tuple(pick)][pad]
-        p0, p1, p2 = ov.shape
-        grid = (-(-p2 // _TILE[1]), min(65535, -(-p1 // _TILE[0])), min(65535, p0))
-        args = (xv, ov, w, *map(np.int32, taps3),
-                *map(index, xv.shape), *map(index, layout.element_strides(xv)),
-                *map(index, ov.shape), *map(index, layout.element_strides(ov)),
-                *map(index, st), np.int32(S.MODES.index(mode)), fill)
-        kernel(grid, (32, 8), args, shared_mem=smem)
-    return out
+
+    def _device_weights(self, cp, weights, flip):
+        """The weights as the kernel reads them: in the sum's type, C-ordered planes of
+        (m1, m2) taps in x's memory order, on the device."""
+        seen, seen_flip, w = self._weights
+        if weights is seen and flip == seen_flip:
+            return w
+        if cuda.is_cupy_array(weights):  # one device copy: reversed, transposed, C-ordered
+            view = weights[(slice(None, None, -1),) * weights.ndim] if flip else weights
+            w = cp.ascontiguousarray(view.transpose(self.order), dtype=self.acc)
+            w = w.reshape(self.taps3)
+            reusable = True  # see correlate_gpu: device weights are the kernels' own copies
+        else:
+            view = weights[(slice(None, None, -1),) * weights.ndim] if flip else weights
+            w = correlate1d.device_weights(np.transpose(view, self.order).reshape(self.taps3),
+                                           self.acc)
+            reusable = correlate1d.frozen(weights)
+        if reusable:
+            self._weights = (weights, flip, w)
+        return w
+
+    def _fill_value(self, cval):
+        """``cval`` in the sum's type, through an array: a uint64 fill value wraps into an
+        int64 accumulator, as the sums do. The last Python number's conversion is kept."""
+        if type(cval) not in (bool, int, float, complex):
+            return np.asarray(cval).astype(self.acc)[()]
+        key = (type(cval), cval)
+        seen, fill = self._fill
+        if seen != key:
+            fill = np.asarray(cval).astype(self.acc)[()]
+            self._fill = (key, fill)
+        return fill
 
 
 def cases(rng):

@@ -239,12 +239,12 @@ class _PassPlan:
         if weights is seen:
             return w, sym
         w, sym = device_weights(weights, self.acc), symmetry(weights)
-        if _frozen(weights):
+        if frozen(weights):
             self._weights = (weights, w, sym)
         return w, sym
 
 
-def _frozen(a) -> bool:
+def frozen(a) -> bool:
     """Whether NumPy array ``a`` and the memory it views are read-only: its values cannot change."""
     while isinstance(a, np.ndarray):
         if a.flags.writeable:
