@@ -30,13 +30,16 @@ class BlockFunction:
         z = da.map_blocks(f, x, y, **f.kwargs(x, y))
 
     The spec travels with the function, so user-registered kernels also run on Dask workers in
-    other processes.
+    other processes. CuPy arrays among the parameters are copied (on their device) when the
+    function is made, so a graph computes with the values they had when it was built, as the
+    kernels' validation does for NumPy arrays.
     """
 
     def __init__(self, spec: KernelSpec, params: Mapping[str, Any] | None = None, *,
                  strict: bool = False):
         self.spec = spec
-        self.raw_params = dict(params or {})
+        self.raw_params = {k: v.copy() if cuda.is_cupy_array(v) else v
+                           for k, v in (params or {}).items()}
         self.strict = strict
         self._params: dict[int, dict[str, Any]] = {}
 
@@ -87,7 +90,11 @@ class BlockFunction:
     def __dask_tokenize__(self):
         from dask.base import tokenize
 
-        return ("chunkernels", self.spec.name, tokenize(self.raw_params), self.strict)
+        # a CuPy parameter is this function's own copy: named by its identity, not by its
+        # values, whose hashing would copy it to the host (a device synchronisation)
+        params = {k: ("cupy", id(v), v.shape, v.dtype.str) if cuda.is_cupy_array(v) else v
+                  for k, v in self.raw_params.items()}
+        return ("chunkernels", self.spec.name, tokenize(params), self.strict)
 
 
 def blockwise(kernel: str, *, strict: bool = False, **params: Any) -> BlockFunction:
@@ -189,7 +196,7 @@ def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
 
     params = spec.params(x.ndim, params)
     fn = BlockFunction(spec, params, strict=strict)
-    fn._params[x.ndim] = params
+    fn._params[x.ndim] = params = fn.raw_params  # validated, CuPy arrays copied
     xp = cuda.array_module(x)
     ops = []
     for name, op in zip(spec.operands, operands):

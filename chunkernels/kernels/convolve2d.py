@@ -52,13 +52,12 @@ def reference(x, *, weights, mode="full", boundary="fill", fillvalue=0):
 def validate(ndim, weights, mode="full", boundary="fill", fillvalue=0):
     """scipy.signal.convolve2d's parameters, checked and normalised.
 
-    Host weights become a read-only copy. CuPy weights stay on their device, as a copy made
-    there: the GPU path reads them without a host round trip, which would synchronise the device
-    (the lesson passes its Gaussian as a CuPy array); the CPU reference copies them to the host.
+    Host weights become a read-only copy. CuPy weights stay on their device: the GPU path reads
+    them without a host round trip, which would synchronise the device (the lesson passes its
+    Gaussian as a CuPy array), and a lazy graph holds a copy of them (:class:`BlockFunction`);
+    the CPU reference copies them to the host.
     """
-    if cuda.is_cupy_array(weights):
-        weights = weights.copy()
-    else:
+    if not cuda.is_cupy_array(weights):
         weights = np.array(weights)
     if ndim != 2 or weights.ndim != 2:
         raise S.FilterArgumentError(f"convolve2d inputs must both be 2-D arrays; got in1 of ndim "

@@ -114,9 +114,8 @@ def correlate_gpu(x, weights, starts, out_shape, mode, cval, out_dtype, acc_dtyp
     ``w`` is ``weights``, reversed along every axis when ``flip`` (a convolution).
 
     ``x`` is a non-empty CuPy view of any strides and ``weights`` a host or CuPy array of the same
-    ndim (size-1 axes where nothing is filtered; CuPy weights are rearranged on the device,
-    without a synchronising host copy, and must not change between calls that pass the same
-    object, as the kernels' validated copies do not); the result, of ``out_shape``, is laid out
+    ndim (size-1 axes where nothing is filtered; CuPy weights are rearranged on the device, one
+    small copy per call, without a synchronising host copy); the result, of ``out_shape``, is laid out
     in ``x``'s memory order (C order for integer results of double sums, which are summed in
     scipy's order). Beyond three filtered axes, single-tap axes (same extent in and out) are
     looped over. The launches are planned once per layout and parameters (:class:`_NDPlan`):
@@ -147,8 +146,8 @@ _MAX_ND_PLANS = 4096
 class _NDPlan:
     """The launches of :func:`correlate_gpu` for one layout and set of parameters: the output's
     allocation, the compiled kernel, and per launch its views, grid and scalars. A call then
-    costs the allocation, the weights (reused while the same read-only array comes back) and
-    the launches. An empty output has no launches (and no kernel)."""
+    costs the allocation, the weights (reused while the same read-only host array comes back)
+    and the launches. An empty output has no launches (and no kernel)."""
 
     __slots__ = ("order", "identity", "alloc_shape", "axes", "out_dtype", "acc", "taps3",
                  "kernel", "smem", "launches", "_weights", "_fill")
@@ -219,17 +218,15 @@ class _NDPlan:
         seen, seen_flip, w = self._weights
         if weights is seen and flip == seen_flip:
             return w
-        if cuda.is_cupy_array(weights):  # one device copy: reversed, transposed, C-ordered
-            view = weights[(slice(None, None, -1),) * weights.ndim] if flip else weights
-            w = cp.ascontiguousarray(view.transpose(self.order), dtype=self.acc)
-            w = w.reshape(self.taps3)
-            reusable = True  # see correlate_gpu: device weights are the kernels' own copies
-        else:
-            view = weights[(slice(None, None, -1),) * weights.ndim] if flip else weights
-            w = correlate1d.device_weights(np.transpose(view, self.order).reshape(self.taps3),
-                                           self.acc)
-            reusable = correlate1d.frozen(weights)
-        if reusable:
+        view = weights[(slice(None, None, -1),) * weights.ndim] if flip else weights
+        if cuda.is_cupy_array(weights):
+            # one device copy, reversed, transposed and C-ordered, per call: CuPy arrays cannot
+            # be made read-only, so nothing tells that the same array still holds the same taps
+            return cp.ascontiguousarray(view.transpose(self.order), dtype=self.acc).reshape(
+                self.taps3)
+        w = correlate1d.device_weights(np.transpose(view, self.order).reshape(self.taps3),
+                                       self.acc)
+        if correlate1d.frozen(weights):
             self._weights = (weights, flip, w)
         return w
 
