@@ -67,10 +67,10 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
                                   spec.depth(x.ndim, params), failure)
 
 
-def out_of_memory_error(kernel: str, shape: tuple[int, ...], dtype, device, depth: Sequence[int],
+def out_of_memory_error(kernel: str, shape: tuple[int, ...], dtype, device, depth: Sequence,
                         failure: str) -> GPUOutOfMemoryError:
-    """The error for a block of ``shape`` and ``dtype`` (its halo of ``depth`` per side
-    included) that did not fit on CuPy device ``device``; ``failure`` is the allocator's
+    """The error for a block of ``shape`` and ``dtype`` (its halo of ``depth`` included: per
+    axis, an int for both sides or ``(before, after)``) that did not fit on CuPy device ``device``; ``failure`` is the allocator's
     ``"Type: message"``. Raise it outside the ``except`` block that caught the allocator's
     error, so that no frame of the failed work (and none of its device buffers) stays
     referenced from it."""
@@ -89,24 +89,27 @@ def device_memory(device) -> dict[str, Any]:
             "pool_limit": cp.get_default_memory_pool().get_limit()}
 
 
-def out_of_memory_message(kernel: str, shape: tuple[int, ...], dtype, depth: Sequence[int],
+def out_of_memory_message(kernel: str, shape: tuple[int, ...], dtype, depth: Sequence,
                           device: Mapping[str, Any], failure: str) -> str:
     """The text of :class:`GPUOutOfMemoryError` for a block of ``shape`` and ``dtype``.
 
-    ``depth`` is the kernel's halo per axis (the block includes it where it has neighbours),
-    ``device`` what :func:`device_memory` returns, ``failure`` the allocator's own message. The
-    suggested chunking halves the block's core (its shape less the halo) along every axis longer
-    than one element.
+    ``depth`` is the halo the block includes per axis: an int for the same on both sides, or
+    ``(before, after)`` where they differ (a block at the array's edge has neighbours on one
+    side only). ``device`` is what :func:`device_memory` returns, ``failure`` the allocator's
+    own message. The suggested chunking halves the block's core (its shape less the halo) along
+    every axis longer than one element.
     """
     from dask.utils import format_bytes
 
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    halo = {a: int(d) for a, d in enumerate(depth) if d}
+    sides = [(int(d), int(d)) if isinstance(d, int | np.integer) else tuple(map(int, d))
+             for d in depth]
+    halo = {a: s for a, s in enumerate(sides) if any(s)}
     with_halo = ("a Dask block includes the kernel's halo, " + " and ".join(
-        f"{d} per side along axis {a}" for a, d in halo.items()) if halo
+        f"{_halo_words(*s)} along axis {a}" for a, s in halo.items()) if halo
         else "the kernel has no halo")
-    core = [max(1, n - 2 * halo.get(a, 0)) for a, n in enumerate(shape)]
+    core = [max(1, n - sum(halo.get(a, (0, 0)))) for a, n in enumerate(shape)]
     smaller = tuple(c // 2 if c > 1 else c for c in core)
     halved = sum(c > 1 for c in core)
     limit = (f"; CuPy's memory pool is limited to {format_bytes(device['pool_limit'])} "
@@ -119,6 +122,14 @@ def out_of_memory_message(kernel: str, shape: tuple[int, ...], dtype, depth: Seq
             f"{format_bytes(device['total'])}{limit}. {advice}leave the kernel more device "
             f"memory: fewer tasks per GPU at once (one thread per GPU worker), an earlier spill "
             f"to host memory (dask-cuda's device_memory_limit), fewer arrays persisted on the GPU")
+
+
+def _halo_words(before: int, after: int) -> str:
+    if before == after:
+        return f"{before} per side"
+    if not before or not after:
+        return f"{before or after} on one side"
+    return f"{before} before and {after} after"
 
 
 def _to_host(a):

@@ -231,7 +231,7 @@ def _extend_and_run(fn, plan, cores, pieces):
 
         spec = getattr(fn, "spec", None)
         name = spec.name if spec is not None else getattr(fn, "__name__", "halo exchange")
-        depth = tuple(max(c.start, n - c.stop) for n, c in zip(plan[0], core))  # wider side
+        depth = tuple((c.start, n - c.stop) for n, c in zip(plan[0], core))  # before, after
         raise out_of_memory_error(name, plan[0], cores[0].dtype, cores[0].device, depth, failure)
 
 

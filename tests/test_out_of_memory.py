@@ -53,6 +53,16 @@ def test_message_for_a_pointwise_kernel_a_pool_limit_and_thin_axes():
     assert "rechunk" not in one and ". Leave" not in one and "leave the kernel more" in one
 
 
+def test_message_for_a_block_with_a_halo_on_one_side():
+    """A block at the array's edge has neighbours on one side: its core is its shape less that
+    side's halo alone, and the halo is described as it is."""
+    msg = out_of_memory_message("gaussian_filter", (1040, 1040, 1060), "float32",
+                                ((0, 16), (16, 0), (16, 20)), H200, "MemoryError")
+    assert ("a Dask block includes the kernel's halo, 16 on one side along axis 0 and 16 on one "
+            "side along axis 1 and 16 before and 20 after along axis 2)") in msg
+    assert "e.g. x = x.rechunk((512, 512, 512))" in msg
+
+
 def test_the_error_is_a_memory_error():
     assert issubclass(GPUOutOfMemoryError, MemoryError)
     assert chunkernels.GPUOutOfMemoryError is GPUOutOfMemoryError
@@ -157,9 +167,9 @@ def test_out_of_memory_assembling_a_halo_buffer_names_the_kernel_and_a_rechunk()
     try:
         with pytest.raises(GPUOutOfMemoryError, match=(
                 r"^gaussian_filter: the GPU ran out of memory on a block of shape \(1040, 1040\) "
-                r"float32 \(4\.13 MiB; a Dask block includes the kernel's halo, 16 per side along "
-                r"axis 0 and 16 per side along axis 1\): OutOfMemoryError: .* e\.g\. x = "
-                r"x\.rechunk\(\(504, 504\)\)")):
+                r"float32 \(4\.13 MiB; a Dask block includes the kernel's halo, 16 on one side "
+                r"along axis 0 and 16 on one side along axis 1\): OutOfMemoryError: .* e\.g\. x "
+                r"= x\.rechunk\(\(512, 512\)\)")):
             chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
         assert _pool_used() == used  # nothing of the failed task is left on the device
     finally:
