@@ -70,10 +70,10 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
 def out_of_memory_error(kernel: str, shape: tuple[int, ...], dtype, device, depth: Sequence,
                         failure: str) -> GPUOutOfMemoryError:
     """The error for a block of ``shape`` and ``dtype`` (its halo of ``depth`` included: per
-    axis, an int for both sides or ``(before, after)``) that did not fit on CuPy device ``device``; ``failure`` is the allocator's
-    ``"Type: message"``. Raise it outside the ``except`` block that caught the allocator's
-    error, so that no frame of the failed work (and none of its device buffers) stays
-    referenced from it."""
+    axis, an int for both sides or ``(before, after)``) that did not fit on CuPy device
+    ``device``; ``failure`` is the allocator's ``"Type: message"``. Raise it outside the
+    ``except`` block that caught the allocator's error, so that no frame of the failed work (and
+    none of its device buffers) stays referenced from it."""
     return GPUOutOfMemoryError(out_of_memory_message(
         kernel, shape, dtype, depth, device_memory(device), failure))
 

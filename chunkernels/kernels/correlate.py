@@ -113,12 +113,12 @@ def correlate_gpu(x, weights, starts, out_shape, mode, cval, out_dtype, acc_dtyp
     """``out[p] = sum_k w[k] * x~[p + starts + k]`` on the device, ``x~`` extended by ``mode``;
     ``w`` is ``weights``, reversed along every axis when ``flip`` (a convolution).
 
-    ``x`` is a non-empty CuPy view of any strides and ``weights`` a host or CuPy array of the same
-    ndim (size-1 axes where nothing is filtered; CuPy weights are rearranged on the device, one
-    small copy per call, without a synchronising host copy); the result, of ``out_shape``, is laid out
-    in ``x``'s memory order (C order for integer results of double sums, which are summed in
-    scipy's order). Beyond three filtered axes, single-tap axes (same extent in and out) are
-    looped over. The launches are planned once per layout and parameters (:class:`_NDPlan`):
+    ``x`` is a non-empty CuPy view of any strides and ``weights`` a host or CuPy array of the
+    same ndim (size-1 axes where nothing is filtered; CuPy weights are rearranged on the device,
+    one small copy per call, without a synchronising host copy); the result, of ``out_shape``,
+    is laid out in ``x``'s memory order (C order for integer results of double sums, which are
+    summed in scipy's order). Beyond three filtered axes, single-tap axes (same extent in and
+    out) are looped over. The launches are planned once per layout and parameters (:class:`_NDPlan`):
     interior Dask blocks and repeated calls share them.
     """
     cp = cuda.cupy()

@@ -120,16 +120,13 @@ _WEIGHTS: dict[tuple, object] = {}
 _MAX_WEIGHTS = 256
 
 
-def device_weights(weights, dtype):
-    """``weights`` as a C-ordered device array of ``dtype``: host weights are uploaded once per
-    device and value; device (CuPy) weights are converted where they are, without a host round
-    trip (a copy only where their dtype or layout differs).
+def device_weights(weights: np.ndarray, dtype):
+    """Host ``weights`` as a C-ordered device array of ``dtype``, uploaded once per device and
+    value.
 
     Interior Dask blocks share the weights: a block then costs no host-to-device copy.
     """
     cp = cuda.cupy()
-    if cuda.is_cupy_array(weights):
-        return cp.ascontiguousarray(weights, dtype=dtype)
     host = np.ascontiguousarray(weights, dtype=dtype)
     key = (cp.cuda.runtime.getDevice(), host.dtype.str, host.shape, host.tobytes())
     dev = _WEIGHTS.get(key)
@@ -230,7 +227,6 @@ class _PassPlan:
                 xv, ov = xv[index], ov[index]
             kernel(grid, _BLOCK, (xv, ov, w, *scalars, *tail), shared_mem=self.smem)
         return out
-
 
     def _device_weights(self, weights):
         """``weights`` on the device and their symmetry; the same read-only array as the last
