@@ -22,6 +22,10 @@ COMPILE_OPTIONS = ("--std=c++17",)
 _FUNCTIONS: dict[tuple[int, str, str], Any] = {}
 _COMPILE_LOCK = threading.Lock()
 
+_CONSTANTS: dict[tuple, Any] = {}
+_MAX_CONSTANTS = 256
+_CONSTANTS_LOCK = threading.Lock()
+
 
 def cupy():
     """The ``cupy`` module, imported on first use."""
@@ -56,6 +60,29 @@ def gpu_count() -> int:
         return cp.cuda.runtime.getDeviceCount()
     except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: all mean "no GPU"
         return 0
+
+
+def device_constant(host, dtype):
+    """Host array ``host`` as a C-ordered CuPy array of ``dtype`` on the current device,
+    uploaded once per device and value.
+
+    Filter weights and resampling tables, which every block of a graph passes again, then cost
+    no host-to-device copy after the first block. The result is shared: treat it as read-only.
+    Past a few hundred entries the oldest is dropped.
+    """
+    import numpy as np
+
+    cp = cupy()
+    a = np.ascontiguousarray(host, dtype=dtype)
+    key = (cp.cuda.runtime.getDevice(), a.dtype.str, a.shape, a.tobytes())
+    dev = _CONSTANTS.get(key)
+    if dev is None:
+        dev = cp.asarray(a)
+        with _CONSTANTS_LOCK:  # Dask's threads share the cache
+            while len(_CONSTANTS) >= _MAX_CONSTANTS:
+                del _CONSTANTS[next(iter(_CONSTANTS))]
+            _CONSTANTS[key] = dev
+    return dev
 
 
 @functools.cache

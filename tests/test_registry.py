@@ -239,3 +239,40 @@ def test_replacing_or_unregistering_a_kernel_drops_its_compiled_functions():
         assert cuda._FUNCTIONS[(0, "broadcast_add", "keep")] == "other kernel"
     finally:
         cuda._FUNCTIONS.pop((0, "broadcast_add", "keep"), None)
+
+
+def test_device_constants_upload_once_per_device_and_value(monkeypatch):
+    """cuda.device_constant copies a host array to the current device once per device, dtype and
+    value (a stand-in CuPy counts the uploads), and drops the oldest entry past its cap."""
+    import types
+
+    from chunkernels import cuda
+
+    uploads, device = [], [0]
+
+    def asarray(a):
+        uploads.append(a)
+        return a.copy()
+
+    stub = types.SimpleNamespace(asarray=asarray, cuda=types.SimpleNamespace(
+        runtime=types.SimpleNamespace(getDevice=lambda: device[0])))
+    monkeypatch.setattr(cuda, "cupy", lambda: stub)
+    monkeypatch.setattr(cuda, "_CONSTANTS", {})
+    monkeypatch.setattr(cuda, "_MAX_CONSTANTS", 3)
+    w = np.array([[0.25, 0.5], [0.75, 1.0]])
+    first = cuda.device_constant(w.T, np.float32)  # any layout: uploaded C-ordered
+    assert first.flags.c_contiguous and first.dtype == np.float32
+    np.testing.assert_array_equal(first, w.T.astype(np.float32))
+    assert cuda.device_constant(w.T.copy(), np.float32) is first  # same value: no upload
+    assert len(uploads) == 1
+    assert cuda.device_constant(w.T, np.float64) is not first  # another dtype
+    device[0] = 1
+    on_1 = cuda.device_constant(w.T, np.float32)  # another device
+    assert on_1 is not first and len(uploads) == 3
+    w[0, 0] = 9  # a changed value is another constant
+    changed = cuda.device_constant(w.T, np.float32)
+    assert changed[0, 0] == 9 and len(uploads) == 4
+    assert len(cuda._CONSTANTS) == 3  # the cap: the oldest (device 0, float32) went first
+    device[0] = 0
+    w[0, 0] = 0.25
+    assert cuda.device_constant(w.T, np.float32) is not first and len(uploads) == 5

@@ -224,8 +224,7 @@ class _NDPlan:
             # be made read-only, so nothing tells that the same array still holds the same taps
             return cp.ascontiguousarray(view.transpose(self.order), dtype=self.acc).reshape(
                 self.taps3)
-        w = correlate1d.device_weights(np.transpose(view, self.order).reshape(self.taps3),
-                                       self.acc)
+        w = cuda.device_constant(np.transpose(view, self.order).reshape(self.taps3), self.acc)
         if correlate1d.frozen(weights):
             self._weights = (weights, flip, w)
         return w

@@ -116,25 +116,6 @@ def launchable(kernel, smem: int):
 
 
 _OPTED_IN: dict[tuple, int] = {}  # (device, kernel) -> dynamic shared memory it may use
-_WEIGHTS: dict[tuple, object] = {}
-_MAX_WEIGHTS = 256
-
-
-def device_weights(weights: np.ndarray, dtype):
-    """Host ``weights`` as a C-ordered device array of ``dtype``, uploaded once per device and
-    value.
-
-    Interior Dask blocks share the weights: a block then costs no host-to-device copy.
-    """
-    cp = cuda.cupy()
-    host = np.ascontiguousarray(weights, dtype=dtype)
-    key = (cp.cuda.runtime.getDevice(), host.dtype.str, host.shape, host.tobytes())
-    dev = _WEIGHTS.get(key)
-    if dev is None:
-        if len(_WEIGHTS) >= _MAX_WEIGHTS:
-            _WEIGHTS.clear()
-        dev = _WEIGHTS[key] = cp.asarray(host)
-    return dev
 
 
 def symmetry(weights) -> int:
@@ -234,7 +215,7 @@ class _PassPlan:
         seen, w, sym = self._weights
         if weights is seen:
             return w, sym
-        w, sym = device_weights(weights, self.acc), symmetry(weights)
+        w, sym = cuda.device_constant(weights, self.acc), symmetry(weights)
         if frozen(weights):
             self._weights = (weights, w, sym)
         return w, sym

@@ -18,7 +18,6 @@ CUDA source: ``kernels_cuda/zoom.cu``.
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
@@ -111,7 +110,7 @@ def dispatch(region, *, taps, weights, cval=0.0, dtype=None, chunks=None):
     k = int(taps[0].shape[1])
     wdtype = np.float32 if region.dtype == np.float32 and dtype == np.float32 else np.float64
     cval_taps = any(bool((t < 0).any()) for t in taps)
-    tap_table, weight_table = _device_tables(taps, weights, wdtype, out.device.id)
+    tap_table, weight_table = _device_tables(taps, weights, wdtype)
     rows_offset = np.cumsum([0, *out_shape[:-1]])
 
     strides = layout.element_strides(region) if region.size else (0,) * ndim
@@ -140,27 +139,12 @@ def dispatch(region, *, taps, weights, cval=0.0, dtype=None, chunks=None):
     return out
 
 
-#: Tables on the device, by device and content; a repeated zoom (the same shapes and factors, or
-#: the same output block of a recomputed graph) uploads nothing. Oldest out first past the cap.
-_TABLES: dict = {}
-_MAX_TABLES = 64
-_TABLES_LOCK = threading.Lock()
-
-
-def _device_tables(taps, weights, wdtype, device_id):
-    """The concatenated tap (int32) and weight (``wdtype``) tables of every axis, on the device."""
-    t = np.concatenate([np.asarray(a, np.int32).reshape(-1) for a in taps])
-    w = np.concatenate([np.asarray(a, wdtype).reshape(-1) for a in weights])
-    key = (device_id, w.dtype.char, t.tobytes(), w.tobytes())
-    tables = _TABLES.get(key)
-    if tables is None:
-        cp = cuda.cupy()
-        tables = (cp.asarray(t), cp.asarray(w))
-        with _TABLES_LOCK:  # Dask's threads share the cache
-            while len(_TABLES) >= _MAX_TABLES:
-                del _TABLES[next(iter(_TABLES))]
-            _TABLES[key] = tables
-    return tables
+def _device_tables(taps, weights, wdtype):
+    """The concatenated tap (int32) and weight (``wdtype``) tables of every axis, on the device:
+    a repeated zoom (the same shapes and factors, or the same output block of a recomputed
+    graph) uploads nothing."""
+    return (cuda.device_constant(np.concatenate([np.ravel(t) for t in taps]), np.int32),
+            cuda.device_constant(np.concatenate([np.ravel(w) for w in weights]), wdtype))
 
 
 #: float32 zooms of spline order 2 and up run as one 1-D pass per axis (``zoom_pass``) rather
