@@ -180,8 +180,9 @@ def forget(kernel: str) -> None:
             del _FUNCTIONS[key]
 
 
+@functools.lru_cache(maxsize=64)
 def cuda_type(dtype) -> str:
-    """The CUDA C++ type name of a NumPy dtype."""
+    """The CUDA C++ type name of a NumPy dtype (cached: every launch asks)."""
     import numpy as np
 
     try:

@@ -13,8 +13,9 @@
 //   label_tiles    tile-local union-find in shared memory (rows linked by a warp ballot
 //                  first); every pixel gets its tile root
 //   label_merge    unions across tile borders (and across leading axes) in global memory
-//   label_flatten  path compression; flags the roots (pixels that are their own parent)
-//   (host)         cupy.cumsum of the flags: the rank of each root is its label
+//   label_flatten  path compression; flags the roots (pixels that are their own parent) and
+//                  scans the flags per segment; label_scan_offsets finishes the scan: the rank
+//                  of each root is its label
 //   label_write    label of every pixel = rank of its root, into any output dtype and strides
 //   label_summary  the block's faces and per-line label counts, for the chunked merge
 //   label_table    a block's lookup table, local to global label, from the merge's numbering
@@ -219,38 +220,142 @@ __global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const
     }
 }
 
-// -- 3. compress and flag the roots -----------------------------------------------------------
+// -- 3. scans -----------------------------------------------------------------------------------
+// An inclusive scan in two launches, its last pass left to the kernels that read it: label_scan
+// cuts the array into segments of seg elements (a whole number of tiles of LABEL_SCAN_THREADS),
+// one thread block each, replaces every element by the sum of its segment up to it and writes
+// each segment's total; label_scan_offsets (one block of 1024 threads) turns the totals into
+// their exclusive scan followed by the sum of all. The inclusive sum at i is then
+// local[i] + offsets[i / seg] (label_scanned).
 
-template <typename I>
-__global__ void label_flatten(I* parent, I* roots, const I n)
+#define LABEL_SCAN_THREADS 256
+
+template <typename T>
+__device__ __forceinline__ T label_scanned(const T* local, const T* offsets, long long seg,
+                                           long long i)
 {
-    const I step = (I)gridDim.x * blockDim.x;
-    for (I p = (I)blockIdx.x * blockDim.x + threadIdx.x; p < n; p += step) {
-        const I v = parent[p];
-        I flag = 0;
-        if (v >= 0) {
-            // other threads shorten paths meanwhile; every value read is still an ancestor
-            I r = v;
-            I q = parent[r];
-            while (q != r) {
-                r = q;
-                q = parent[r];
-            }
-            if (r != v) {
-                parent[p] = r;
-            }
-            flag = r == p;
+    return local[i] + offsets[i / seg];
+}
+
+// Inclusive scan of one value per thread over a whole block (warp shuffles, then the warps'
+// sums through shared memory); carry is added, and becomes the block's running total.
+template <typename T, int THREADS>
+__device__ __forceinline__ T label_block_scan(T v, T& carry, T* warp_sums)
+{
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    for (int d = 1; d < 32; d <<= 1) {
+        const T u = __shfl_up_sync(0xffffffffu, v, d);
+        if (lane >= d) {
+            v += u;
         }
-        roots[p] = flag;
+    }
+    if (lane == 31) {
+        warp_sums[warp] = v;
+    }
+    __syncthreads();
+    T before = carry;
+    T all = carry;
+    for (int w = 0; w < THREADS / 32; ++w) {
+        const T s = warp_sums[w];
+        before += w < warp ? s : T(0);
+        all += s;
+    }
+    __syncthreads();  // warp_sums is reused by the next call
+    carry = all;
+    return before + v;
+}
+
+template <typename T>
+__global__ void label_scan(T* values, T* __restrict__ totals, const long long n,
+                           const long long seg)
+{
+    __shared__ T warp_sums[LABEL_SCAN_THREADS / 32];
+    const long long begin = (long long)blockIdx.x * seg;
+    const long long end = min(n, begin + seg);
+    T carry = 0;
+    for (long long base = begin; base < end; base += LABEL_SCAN_THREADS) {
+        const long long i = base + threadIdx.x;
+        const T v = label_block_scan<T, LABEL_SCAN_THREADS>(i < end ? values[i] : T(0), carry,
+                                                             warp_sums);
+        if (i < end) {
+            values[i] = v;
+        }
+    }
+    if (threadIdx.x == 0) {
+        totals[blockIdx.x] = carry;
     }
 }
 
-// -- 4. labels ----------------------------------------------------------------------------------
-// rank is the inclusive scan of the root flags: the label of root r is rank[r]. The output may
-// be the parent array itself (each thread reads its own parent before writing its label).
+template <typename T>
+__global__ void label_scan_offsets(const T* __restrict__ totals, T* __restrict__ offsets,
+                                   const int segments)
+{
+    __shared__ T warp_sums[32];
+    T carry = 0;
+    for (int base = 0; base < segments; base += 1024) {
+        const int i = base + threadIdx.x;
+        const T t = i < segments ? totals[i] : T(0);
+        const T v = label_block_scan<T, 1024>(t, carry, warp_sums);
+        if (i < segments) {
+            offsets[i] = v - t;
+        }
+    }
+    if (threadIdx.x == 0) {
+        offsets[segments] = carry;
+    }
+}
+
+// -- 4. compress, flag and count the roots ----------------------------------------------------
+// Path compression, and the scan of the root flags with label_scan's segments (label_scan's
+// first pass, the flags made on the way): counts[p] is the number of roots of p's segment up to
+// p; label_scan_offsets finishes the scan.
+
+template <typename I>
+__global__ void label_flatten(I* parent, I* __restrict__ counts, I* __restrict__ totals,
+                              const long long n, const long long seg)
+{
+    __shared__ I warp_sums[LABEL_SCAN_THREADS / 32];
+    const long long begin = (long long)blockIdx.x * seg;
+    const long long end = min(n, begin + seg);
+    I carry = 0;
+    for (long long base = begin; base < end; base += LABEL_SCAN_THREADS) {
+        const long long p = base + threadIdx.x;
+        I flag = 0;
+        if (p < end) {
+            const I v = parent[p];
+            if (v >= 0) {
+                // other threads shorten paths meanwhile; every value read is still an ancestor
+                I r = v;
+                I q = parent[r];
+                while (q != r) {
+                    r = q;
+                    q = parent[r];
+                }
+                if (r != v) {
+                    parent[p] = r;
+                }
+                flag = r == p;
+            }
+        }
+        const I c = label_block_scan<I, LABEL_SCAN_THREADS>(flag, carry, warp_sums);
+        if (p < end) {
+            counts[p] = c;
+        }
+    }
+    if (threadIdx.x == 0) {
+        totals[blockIdx.x] = carry;
+    }
+}
+
+// -- 5. labels ----------------------------------------------------------------------------------
+// (counts, offsets, seg) is the scan of the root flags (section 3): the label of root r is its
+// rank, label_scanned(counts, offsets, seg, r). The output may be the parent array itself (each
+// thread reads its own parent before writing its label).
 
 template <typename I, typename O>
-__global__ void label_write(const I* parent, const I* __restrict__ rank, O* out,
+__global__ void label_write(const I* parent, const I* __restrict__ counts,
+                            const I* __restrict__ offsets, const long long seg, O* out,
                             const I n0, const I n1, const I n2, const I n3,
                             const I o0, const I o1, const I o2, const I o3)
 {
@@ -273,21 +378,23 @@ __global__ void label_write(const I* parent, const I* __restrict__ rank, O* out,
                     continue;
                 }
                 const I v = parent[(z * n2 + row) * n3 + col];
-                oz[row * o2 + col * o3] = v < 0 ? O(0) : O(rank[v]);
+                oz[row * o2 + col * o3] =
+                    v < 0 ? O(0) : O(label_scanned(counts, offsets, seg, (long long)v));
             }
         }
     }
 }
 
-// -- 5. what the chunked merge needs of a block -------------------------------------------------
+// -- 6. what the chunked merge needs of a block -------------------------------------------------
 // Segments, in order: for each real axis a (the last 4 - first_axis of the four), the face at
 // index 0 then the face at index n_a - 1, each in C order over the other axes; then, for each
 // line along the last axis in C order, the labels numbered up to the line's end (the rank at its
 // last pixel), which tells the merge how many labels start on each line. blockIdx.y picks the
-// segment; threads stride over its elements.
+// segment; threads stride over its elements. (counts, offsets, seg) is the scan of the root flags.
 
 template <typename I>
-__global__ void label_summary(const I* __restrict__ labels, const I* __restrict__ rank,
+__global__ void label_summary(const I* __restrict__ labels, const I* __restrict__ counts,
+                              const I* __restrict__ offsets, const long long seg,
                               I* __restrict__ summary,
                               const I n0, const I n1, const I n2, const I n3,
                               const int first_axis)
@@ -305,7 +412,7 @@ __global__ void label_summary(const I* __restrict__ labels, const I* __restrict_
     if (segment == faces) {
         const I lines = total / n3;
         for (I e = start; e < lines; e += step) {
-            summary[offset + e] = rank[e * n3 + n3 - 1];
+            summary[offset + e] = label_scanned(counts, offsets, seg, (long long)e * n3 + n3 - 1);
         }
         return;
     }
@@ -327,7 +434,7 @@ __global__ void label_summary(const I* __restrict__ labels, const I* __restrict_
     }
 }
 
-// -- 6. a block's lookup table, for the chunked relabel -----------------------------------------
+// -- 7. a block's lookup table, for the chunked relabel -----------------------------------------
 // table[l] for the local labels l = 0..k of one block (chunkernels.kernels.label._table computes
 // the same on the host; the merge there explains the numbering): 0 for the background; for a
 // label merged away (merged[j] == l, merged increasing), its component's label into[j]; else
@@ -366,5 +473,190 @@ __global__ void label_table(const I* __restrict__ ends, const long long lines,
                                             : l + shift[label_lower_bound(ends, lines, l)] - j;
         }
         table[l] = O(value);
+    }
+}
+
+// -- 8. the chunked merge on a device -----------------------------------------------------------
+// chunkernels.kernels.label.merge_device: the merge of step 2 without leaving the device, for
+// blocks labelled on one GPU. Every local label of every block is a *node*; its *rank* is its
+// place in raster order of first pixels among all nodes (0-based), worked out from the per-line
+// counts. The nodes that meet a chunk face are joined by a union-find whose roots are the nodes
+// of smallest rank, and labels follow by counting the nodes merged away.
+//
+//   label_slots       per slot (a block's line along the last axis): the block's labels up to
+//                     the line's end, and the labels starting on it, scattered into the table
+//                     of (line of the array, chunk along the last axis) whose C order is
+//                     raster order; label_scan of that table
+//   label_face_keys   per face pixel: its node's rank, or LABEL_NONE for the background
+//   (host)            cupy.argsort of the ranks: equal ranks (a node on several face pixels)
+//                     are neighbours, and the first of each run stands for the node
+//   label_face_init   every sorted position starts under the first of its run
+//   label_face_unite  across every chunk boundary along one axis, the structure's pairs of face
+//                     pixels are joined (smaller sorted position, hence smaller rank, is root)
+//   label_face_roots  path compression; flags the nodes merged away (first of a run, not root)
+//   label_scan        of those flags
+//   label_renumber    a block's lookup table, local to global label, from all of the above
+//
+// A node of rank r that is kept gets label r + 1 - (nodes merged away of smaller rank); one
+// merged away gets its root's label.
+
+#define LABEL_NONE 0x7fffffffffffffffll
+
+// The rank of label l of a block whose slots are ends[s0 .. s0 + lines); the scan (raster,
+// offsets, seg) gives every slot's labels up to its end in raster order over all blocks.
+struct label_raster {
+    const long long* local;
+    const long long* offsets;
+    long long seg;
+    const long long* segment;
+};
+
+__device__ __forceinline__ long long label_rank(const long long* ends, const label_raster raster,
+                                                long long s0, long long lines, long long l)
+{
+    const long long s = s0 + label_lower_bound(ends + s0, lines, l);
+    return label_scanned(raster.local, raster.offsets, raster.seg, raster.segment[s]) - ends[s] -
+           1 + l;
+}
+
+template <typename T>
+__global__ void label_slots(const T* __restrict__ values, const long long* __restrict__ ends_at,
+                            const unsigned char* __restrict__ head,
+                            const long long* __restrict__ segment,
+                            long long* __restrict__ ends, long long* __restrict__ counts,
+                            const long long slots)
+{
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x; s < slots; s += step) {
+        const long long e = values[ends_at[s]];
+        ends[s] = e;
+        counts[segment[s]] = head[s] ? e : e - (long long)values[ends_at[s] - 1];
+    }
+}
+
+template <typename T>
+__global__ void label_face_keys(const T* __restrict__ values, const long long* __restrict__ face_at,
+                                const long long* __restrict__ face_block,
+                                const long long* __restrict__ first,
+                                const long long* __restrict__ ends,
+                                const long long* __restrict__ raster,
+                                const long long* __restrict__ raster_offsets,
+                                const long long raster_seg, const long long* __restrict__ segment,
+                                long long* __restrict__ keys, const long long faces)
+{
+    const label_raster scan = {raster, raster_offsets, raster_seg, segment};
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long f = (long long)blockIdx.x * blockDim.x + threadIdx.x; f < faces; f += step) {
+        const long long l = values[face_at[f]];
+        long long key = LABEL_NONE;
+        if (l != 0) {
+            const long long b = face_block[f];
+            key = label_rank(ends, scan, first[b], first[b + 1] - first[b], l);
+        }
+        keys[f] = key;
+    }
+}
+
+__global__ void label_face_init(const long long* __restrict__ order,
+                                const long long* __restrict__ sorted, long long* __restrict__ at,
+                                long long* __restrict__ parent, const long long faces)
+{
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < faces; i += step) {
+        at[order[i]] = i;
+        parent[i] = label_lower_bound(sorted, faces, sorted[i]);
+    }
+}
+
+// The faces of one axis as two stacks of planes over the other axes (face pixel indices): low
+// holds the last faces of the chunks before each boundary, high the first faces after it, both
+// C-ordered with shape (n0, n1, n2, n3), n0 the boundaries and the planes seen in 3-D. Bit k of
+// offsets is set when the structure joins a pixel to the one at plane offset (k / 9 - 1,
+// k / 3 % 3 - 1, k % 3 - 1) across the boundary.
+__global__ void label_face_unite(const long long* __restrict__ low,
+                                 const long long* __restrict__ high,
+                                 const long long* __restrict__ keys,
+                                 const long long* __restrict__ at, long long* parent,
+                                 const long long n0, const long long n1, const long long n2,
+                                 const long long n3, const unsigned int offsets)
+{
+    const long long total = n0 * n1 * n2 * n3;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += step) {
+        const long long a = low[e];
+        if (keys[a] == LABEL_NONE) {
+            continue;
+        }
+        const long long c3 = e % n3;
+        const long long c2 = (e / n3) % n2;
+        const long long c1 = (e / (n3 * n2)) % n1;
+        const long long c0 = e / (n3 * n2 * n1);
+        for (unsigned int bits = offsets; bits; bits &= bits - 1u) {
+            const int k = __ffs((int)bits) - 1;
+            const long long j1 = c1 + k / 9 - 1, j2 = c2 + (k / 3) % 3 - 1, j3 = c3 + k % 3 - 1;
+            if (j1 < 0 || j1 >= n1 || j2 < 0 || j2 >= n2 || j3 < 0 || j3 >= n3) {
+                continue;
+            }
+            const long long b = high[((c0 * n1 + j1) * n2 + j2) * n3 + j3];
+            if (keys[b] != LABEL_NONE) {
+                label_unite(parent, at[a], at[b]);
+            }
+        }
+    }
+}
+
+__global__ void label_face_roots(long long* parent, const long long* __restrict__ sorted,
+                                 long long* __restrict__ away, const long long faces)
+{
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < faces; i += step) {
+        const long long r = label_find((const volatile long long*)parent, i);
+        parent[i] = r;
+        away[i] = r != i && (i == 0 || sorted[i] != sorted[i - 1]);
+    }
+}
+
+// table[l] for the local labels l = 0..min(k, bound) of one block, k its number of labels
+// (read here: the host does not wait for it) and bound the table's last index. (away,
+// away_offsets, away_seg) is the scan of the flags of label_face_roots.
+template <typename O>
+__global__ void label_renumber(const long long* __restrict__ ends,
+                               const long long* __restrict__ raster,
+                               const long long* __restrict__ raster_offsets,
+                               const long long raster_seg, const long long* __restrict__ segment,
+                               const long long s0, const long long lines,
+                               const long long* __restrict__ sorted,
+                               const long long* __restrict__ root,
+                               const long long* __restrict__ away,
+                               const long long* __restrict__ away_offsets,
+                               const long long away_seg, const long long faces,
+                               O* __restrict__ table, const long long bound)
+{
+    const label_raster scan = {raster, raster_offsets, raster_seg, segment};
+    const long long k = lines > 0 ? min(ends[s0 + lines - 1], bound) : 0;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long l = (long long)blockIdx.x * blockDim.x + threadIdx.x; l <= k; l += step) {
+        long long value = 0;
+        if (l > 0) {
+            long long r = label_rank(ends, scan, s0, lines, l);
+            long long j = label_lower_bound(sorted, faces, r);
+            if (j < faces && sorted[j] == r) {  // a node on a face: its component's first
+                j = root[j];
+                r = sorted[j];
+            }
+            value = r + 1 - (j > 0 ? label_scanned(away, away_offsets, away_seg, j - 1) : 0);
+        }
+        table[l] = O(value);
+    }
+}
+
+// out[i] = table[labels[i]]: a block's local labels through its table, both C-ordered.
+template <typename I, typename O>
+__global__ void label_lookup(const I* __restrict__ labels, const O* __restrict__ table,
+                             O* __restrict__ out, const long long n)
+{
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        out[i] = table[labels[i]];
     }
 }

@@ -204,10 +204,52 @@ def _flat_grid(n):
     return (min(_MAX_FLAT_BLOCKS, -(-n // _THREADS)),)
 
 
+class _Scan:
+    """An inclusive scan of a flat device array, done in place by ``label_scan`` and
+    ``label_scan_offsets`` (section 3 of label.cu) and finished where it is read: the sum up to
+    element ``i`` is ``values[i] + offsets[i // seg]``. Two launches and no host work, where
+    ``cupy.cumsum`` costs several times the host time.
+
+    ``first``, a kernel taking ``(*before, values, totals, n, seg)``, replaces ``label_scan`` for
+    the first pass when it makes the values on the way (``label_flatten``, the root flags).
+    """
+
+    def __init__(self, values, first=None, before=()):
+        cp = cuda.cupy()
+        n = values.size
+        segments = max(1, min(_SCAN_SEGMENTS, -(-n // _SCAN_THREADS)))
+        self.seg = max(1, -(-n // (segments * _SCAN_THREADS))) * _SCAN_THREADS
+        segments = max(1, -(-n // self.seg))
+        self.values = values
+        self.offsets = cp.empty(segments + 1, dtype=values.dtype)
+        totals = cp.empty(segments, dtype=values.dtype)
+        ctype = cuda.cuda_type(values.dtype)
+        if first is None:
+            first = cuda.function("label", f"label_scan<{ctype}>")
+        first((segments,), (_SCAN_THREADS,),
+              (*before, values, totals, np.int64(n), np.int64(self.seg)))
+        cuda.function("label", f"label_scan_offsets<{ctype}>")(
+            (1,), (1024,), (totals, self.offsets, np.int32(segments)))
+
+    @property
+    def args(self) -> tuple:
+        """The kernels' three arguments for the scan: local sums, offsets, segment length."""
+        return self.values, self.offsets, np.int64(self.seg)
+
+    @property
+    def total(self):
+        """The sum of all elements, a 0-d device array."""
+        return self.offsets[-1]
+
+
+_SCAN_THREADS = 256    # LABEL_SCAN_THREADS in label.cu
+_SCAN_SEGMENTS = 4096  # thread blocks of label_scan at most
+
+
 class _Forest:
     """The union-find of one non-empty block on the device: ``parent`` (every foreground pixel's
-    root, the component's first pixel; -1 for background) and ``rank`` (inclusive scan of the
-    root flags: root ``r`` has label ``rank[r]``), both C-ordered and flat."""
+    root, the component's first pixel; -1 for background) and ``rank`` (the scan of the root
+    flags: root ``r`` has label ``rank`` up to ``r``), both C-ordered and flat."""
 
     def __init__(self, x, structure, index64):
         cp = cuda.cupy()
@@ -226,17 +268,15 @@ class _Forest:
                                   *(self.index(s) for s in strides4), mask))
         cuda.function("label", f"label_merge<{self.ctype}>")(
             self.grid, _BLOCK, (self.parent, *self.dims, mask))
-        roots = cp.empty(x.size, dtype=self.index)
-        cuda.function("label", f"label_flatten<{self.ctype}>")(
-            _flat_grid(x.size), (_THREADS,), (self.parent, roots, self.index(x.size)))
-        self.rank = cp.cumsum(roots, dtype=self.index)
+        self.rank = _Scan(cp.empty(x.size, dtype=self.index),
+                          cuda.function("label", f"label_flatten<{self.ctype}>"), (self.parent,))
 
     def write(self, out):
         """Every pixel's label into ``out`` (any dtype of OUTPUT_DTYPES, any strides, or the
         parent array itself)."""
         _, strides4 = _frame(out)
         kernel = cuda.function("label", f"label_write<{self.ctype}, {cuda.cuda_type(out.dtype)}>")
-        kernel(self.grid, _BLOCK, (self.parent, self.rank, out, *self.dims,
+        kernel(self.grid, _BLOCK, (self.parent, *self.rank.args, out, *self.dims,
                                    *(self.index(s) for s in strides4)))
         return out
 
@@ -267,7 +307,7 @@ def label_device(x, structure, dtype=None, out=None):
     index64 = x.size >= layout.INT32_MAX or layout.needs_index64(x, out)
     forest = _Forest(x, structure, index64)
     forest.write(out)
-    count = forest.rank[-1]
+    count = forest.rank.total
     if not holds(dtype, x.size):
         check_bit_depth(int(count), dtype)
     return out, count
@@ -335,7 +375,7 @@ def _local_device(block, structure):
     cp = cuda.cupy()
     faces, lines = summary_layout(block.shape)
     if block.size == 0:
-        return cp.zeros(block.shape, dtype=np.int32), np.zeros(sum(faces) + lines, np.int64)
+        return cp.zeros(block.shape, dtype=np.int32), cp.zeros(sum(faces) + lines, np.int32)
     forest = _Forest(block, structure, block.size >= layout.INT32_MAX or
                      layout.needs_index64(block))
     labels = forest.write(forest.parent.reshape(block.shape))
@@ -344,7 +384,7 @@ def _local_device(block, structure):
     width = max(max(faces), lines)
     kernel = cuda.function("label", f"label_summary<{forest.ctype}>")
     kernel((min(_MAX_FLAT_BLOCKS, -(-width // _THREADS)), segments), (_THREADS,),
-           (labels, forest.rank, summary, *forest.dims, np.int32(MAX_NDIM - block.ndim)))
+           (labels, *forest.rank.args, summary, *forest.dims, np.int32(MAX_NDIM - block.ndim)))
     return labels, summary
 
 
@@ -363,7 +403,7 @@ class _LocalLabels:
             if gpu_takes(block, self.structure, strict=self.strict):
                 return _local_device(block, self.structure)
             labels, summary = _local_host(block.get(), self.structure)
-            return cuda.cupy().asarray(labels), summary
+            return cuda.cupy().asarray(labels), cuda.cupy().asarray(summary)
 
     def __dask_tokenize__(self):
         return ("chunkernels-label-local", self.structure.tobytes(), self.strict)
@@ -455,6 +495,78 @@ class _Layout:
         self.ends_at = np.concatenate(ends_at)
         self.segment = np.concatenate(segment)
         self.segments = table.size
+        self.shape = tuple(shape)
+        self.chunks = tuple(tuple(c) for c in chunks)
+        self._planes = None
+        self._device = {}
+
+    @property
+    def faces(self):
+        """Every face pixel of every block (blocks in C order, faces in summary order), as
+        ``(where it lies in the joined summaries, its block)``; and, per axis, its boundaries'
+        faces as two stacks of planes of face pixel indices (:func:`_face_planes`), ``None``
+        along an axis with fewer than two non-empty slabs. Worked out on first use."""
+        if self._planes is None:
+            self._planes = _face_planes(self)
+        return self._planes
+
+    def on_device(self):
+        """The arrays :func:`merge_device` reads, on the current device (uploaded once)."""
+        cp = cuda.cupy()
+        device = cp.cuda.runtime.getDevice()
+        arrays = self._device.get(device)
+        if arrays is None:
+            face_at, face_block, planes = self.faces
+            head = np.zeros(len(self.ends_at), dtype=np.uint8)
+            head[self.heads] = 1
+            arrays = self._device[device] = {
+                "ends_at": cp.asarray(self.ends_at, dtype=np.int64),
+                "head": cp.asarray(head),
+                "segment": cp.asarray(self.segment, dtype=np.int64),
+                "first": cp.asarray(self.first, dtype=np.int64),
+                "face_at": cp.asarray(face_at, dtype=np.int64),
+                "face_block": cp.asarray(face_block, dtype=np.int64),
+                "planes": [None if p is None else tuple(cp.asarray(s, dtype=np.int64) for s in p)
+                           for p in planes]}
+        return arrays
+
+
+def _face_planes(layout):
+    """:attr:`_Layout.faces`: where the face pixels lie, and the planes they tile.
+
+    Along each axis, the last faces of the chunks before each boundary (``low``) and the first
+    faces of those after it (``high``) tile planes of the whole array, one per boundary: the
+    planes hold the indices of those face pixels, stacked along a first axis. Shifted views of
+    the two stacks then pair the pixels the structure joins across every boundary at once,
+    corners and edges of chunks included.
+    """
+    spans = [(lo, hi) for block in layout.blocks for sides in block.faces for lo, hi, _ in sides]
+    face_at = np.concatenate([np.arange(lo, hi) for lo, hi in spans] or [np.zeros(0, np.int64)])
+    # spans come 2 * ndim per block
+    face_block = np.repeat(np.arange(len(spans)) // (2 * len(layout.shape)),
+                           [hi - lo for lo, hi in spans])
+    index = np.full(int(face_at[-1]) + 1 if len(face_at) else 0, -1, dtype=np.int64)
+    index[face_at] = np.arange(len(face_at))
+    planes = []
+    for axis in range(len(layout.shape)):
+        filled = [i for i, n in enumerate(layout.chunks[axis]) if n > 0]
+        if len(filled) < 2:
+            planes.append(None)
+            continue
+        stacks = []
+        for slabs, side in ((filled[:-1], 1), (filled[1:], 0)):
+            stack = np.empty((len(slabs),) + (_drop(layout.shape, axis) or (1,)), dtype=np.int64)
+            rests = list(itertools.product(*(range(g) for g in _drop(layout.grid, axis))))
+            for t, i in enumerate(slabs):
+                for rest in rests:
+                    b = sum(n * s for n, s in zip(rest[:axis] + (i,) + rest[axis:],
+                                                  layout.strides))
+                    block = layout.blocks[b]
+                    lo, hi, shape = block.faces[axis][side]
+                    stack[(t,) + block.regions[axis]] = index[lo:hi].reshape(shape)
+            stacks.append(stack)
+        planes.append(tuple(stacks))
+    return face_at, face_block, planes
 
 
 @functools.lru_cache(maxsize=4)
@@ -545,23 +657,16 @@ def _merged_away(plan, layout, values, offsets, slot_end, shift):
 
 
 def _face_pairs(plan, layout, values, offsets):
-    """Pairs of nodes the structure joins across chunk boundaries, as two arrays.
-
-    Along each axis, the last faces of the chunks before each boundary and the first faces of
-    those after it are laid out as planes of the whole array, one per boundary, stacked; shifted
-    views of the stacks pair pixels across the boundaries for every offset of the structure that
-    crosses them, so that corners and edges of chunks pair with their diagonal neighbours too.
-    """
-    ndim = len(plan.shape)
-    steps = np.argwhere(plan.structure) - 1
+    """Pairs of nodes the structure joins across chunk boundaries, as two arrays (the faces'
+    planes of :func:`_face_planes`, read as nodes; -1 is the background)."""
+    face_at, face_block, planes = layout.faces
+    labels = values[face_at]
+    nodes = np.where(labels > 0, offsets[face_block] - 1 + labels, -1)
     u, v = [], []
-    for axis in range(ndim):
-        crossing = [tuple(np.delete(o, axis)) or (0,) for o in steps if o[axis] == 1]
-        filled = [i for i, n in enumerate(plan.chunks[axis]) if n > 0]
-        if not crossing or len(filled) < 2:
+    for axis, crossing in enumerate(_crossing(plan.structure)):
+        if planes[axis] is None or not crossing:
             continue
-        low = _planes(plan.shape, layout, values, offsets, axis, filled[:-1], 1)
-        high = _planes(plan.shape, layout, values, offsets, axis, filled[1:], 0)
+        low, high = (nodes[p] for p in planes[axis])
         for o in crossing:
             a = low[(slice(None),) + tuple(slice(max(0, -d), n - max(0, d))
                                            for d, n in zip(o, low.shape[1:]))]
@@ -580,22 +685,12 @@ def _face_pairs(plan, layout, values, offsets):
     return np.concatenate(u), np.concatenate(v)
 
 
-def _planes(shape, layout, values, offsets, axis, slabs, side):
-    """The nodes (-1: background) on face ``side`` (0 first, 1 last) of the blocks in each slab
-    of ``slabs`` along ``axis``, laid out as planes of the whole array (at least 1-D), stacked."""
-    labels = np.empty((len(slabs),) + (_drop(shape, axis) or (1,)), dtype=values.dtype)
-    nodes = np.empty(labels.shape, dtype=np.int64)
-    rests = list(itertools.product(*(range(g) for g in _drop(layout.grid, axis))))
-    for t, i in enumerate(slabs):
-        for rest in rests:
-            index = rest[:axis] + (i,) + rest[axis:]
-            b = sum(n * s for n, s in zip(index, layout.strides))
-            region = (t,) + layout.blocks[b].regions[axis]  # the faces tile the plane
-            labels[region] = layout.blocks[b].face(values, axis, side)
-            nodes[region] = offsets[b] - 1
-    nodes += labels
-    nodes[labels == 0] = -1
-    return nodes
+def _crossing(structure) -> list[list[tuple[int, ...]]]:
+    """Per axis, the structure's offsets that cross a boundary along it (from a pixel before the
+    boundary to one after), as offsets within the plane of the other axes."""
+    steps = np.argwhere(structure) - 1
+    return [[tuple(np.delete(o, axis)) or (0,) for o in steps if o[axis] == 1]
+            for axis in range(structure.ndim)]
 
 
 def _drop(shape, axis):
@@ -639,13 +734,142 @@ def _table_device(ends, numbering, merged, labels, dtype):
     return table
 
 
+def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
+    """:func:`merge` for summaries on one device, done there: nothing is copied to the host and
+    nothing waits for the device (unless the output dtype may be too small for the labels).
+
+    The numbering is the same, reached another way (see section 7 of ``label.cu``): each node's
+    rank comes from a scan of the per-line counts in raster order; the nodes on chunk faces are
+    sorted by rank, so that the first face pixel of each node's run stands for it, and joined
+    across the faces by a union-find whose roots are the smallest ranks; a scan of the nodes
+    merged away then gives every label. The work grows with the lines and the face pixels.
+    """
+    cp = cuda.cupy()
+    layout = _layout(plan.shape, plan.chunks)
+    device = layout.on_device()
+    values = cp.concatenate([s.ravel() for s in summaries])
+    ctype = cuda.cuda_type(values.dtype)
+    slots = len(layout.ends_at)
+    ends = cp.empty(slots, dtype=np.int64)
+    raster = cp.zeros(layout.segments, dtype=np.int64)
+    if slots:
+        cuda.function("label", f"label_slots<{ctype}>")(
+            _flat_grid(slots), (_THREADS,), (values, device["ends_at"], device["head"],
+                                             device["segment"], ends, raster, np.int64(slots)))
+    raster = _Scan(raster)  # per slot of the table, the labels up to its end
+    faces = len(device["face_at"])
+    keys = cp.empty(faces, dtype=np.int64)
+    sorted_keys, root, away = keys, cp.empty(faces, dtype=np.int64), cp.zeros(0, np.int64)
+    if faces:
+        cuda.function("label", f"label_face_keys<{ctype}>")(
+            _flat_grid(faces), (_THREADS,),
+            (values, device["face_at"], device["face_block"], device["first"], ends,
+             *raster.args, device["segment"], keys, np.int64(faces)))
+        order = cp.argsort(keys)
+        sorted_keys = keys[order]
+        at = cp.empty(faces, dtype=np.int64)
+        cuda.function("label", "label_face_init")(
+            _flat_grid(faces), (_THREADS,), (order, sorted_keys, at, root, np.int64(faces)))
+        for planes, crossing in zip(device["planes"], _crossing(plan.structure)):
+            mask = _plane_offsets(crossing)
+            if planes is None or not mask or not planes[0].size:
+                continue
+            low, high = planes
+            dims = (low.shape[0],) + (1,) * (MAX_NDIM - low.ndim) + low.shape[1:]
+            cuda.function("label", "label_face_unite")(
+                _flat_grid(low.size), (_THREADS,),
+                (low, high, keys, at, root, *(np.int64(n) for n in dims), np.uint32(mask)))
+        away = cp.empty(faces, dtype=np.int64)
+        cuda.function("label", "label_face_roots")(
+            _flat_grid(faces), (_THREADS,), (root, sorted_keys, away, np.int64(faces)))
+    away = _Scan(away)
+    total = raster.total - away.total
+    if not holds(plan.dtype, math.prod(plan.shape)):
+        check_bit_depth(int(total), plan.dtype)
+    return _DeviceNumbering(plan, ends, raster, sorted_keys, root, away, total)
+
+
+def _plane_offsets(crossing) -> int:
+    """``label_face_unite``'s mask of plane offsets (up to 3-D, leading zeros added)."""
+    mask = 0
+    for o in crossing:
+        o = (0,) * (MAX_NDIM - 1 - len(o)) + tuple(o)
+        mask |= 1 << ((o[0] + 1) * 9 + (o[1] + 1) * 3 + o[2] + 1)
+    return mask
+
+
+class _DeviceNumbering:
+    """What :func:`merge_device` leaves on the device for the relabel tasks: per slot the labels
+    up to its line's end (``ends``) and the scan, in raster order, of the labels starting on
+    each slot (``raster``); the face nodes' ranks sorted, their roots and the scan of the flags
+    of those merged away (``away``); and the number of labels (a 0-d device array)."""
+
+    def __init__(self, plan, ends, raster, sorted_keys, root, away, total):
+        self.shape, self.chunks = plan.shape, plan.chunks
+        self.arrays = {"ends": ends, "raster": raster.values, "raster_offsets": raster.offsets,
+                       "sorted": sorted_keys, "root": root, "away": away.values,
+                       "away_offsets": away.offsets}
+        self.segs = (raster.seg, away.seg)
+        self.total = total
+        self._copies = {}
+
+    def _here(self) -> dict:
+        """The arrays on the current device: copied there (once) if they are elsewhere."""
+        cp = cuda.cupy()
+        device = cp.cuda.runtime.getDevice()
+        if self.arrays["ends"].device.id == device:
+            return self.arrays
+        if device not in self._copies:
+            self._copies[device] = {k: cp.asarray(v) for k, v in self.arrays.items()}
+        return self._copies[device]
+
+    def table(self, b, bound, dtype):
+        """Block ``b``'s lookup table, local to global label, on the current device: entries
+        ``0..bound`` (the block's labels are at most ``bound``), those past its labels unset."""
+        cp = cuda.cupy()
+        layout = _layout(self.shape, self.chunks)
+        a = self._here()
+        s0, s1 = layout.first[b], layout.first[b + 1]
+        table = cp.empty(bound + 1, dtype=dtype)
+        grid = min(_flat_grid(bound + 1)[0], 4 * cuda.sm_count(cp.cuda.runtime.getDevice()))
+        cuda.function("label", f"label_renumber<{cuda.cuda_type(dtype)}>")(
+            (grid,), (_THREADS,),
+            (a["ends"], a["raster"], a["raster_offsets"], np.int64(self.segs[0]),
+             layout.on_device()["segment"], np.int64(s0), np.int64(s1 - s0), a["sorted"],
+             a["root"], a["away"], a["away_offsets"], np.int64(self.segs[1]),
+             np.int64(len(a["sorted"])), table, np.int64(bound)))
+        return table
+
+
+def _on_one_device(summaries) -> bool:
+    """Whether every summary is a CuPy array, all on one device."""
+    devices = {s.device.id if cuda.is_cupy_array(s) else None for s in summaries}
+    return len(devices) == 1 and None not in devices
+
+
 def _merge_task(plan, results):
-    return merge(plan, [summary for _, summary in results])
+    summaries = [summary for _, summary in results]
+    if len(plan.shape) <= MAX_NDIM and _on_one_device(summaries):
+        with summaries[0].device:
+            return merge_device(plan, summaries)
+    return merge(plan, summaries)
 
 
 def _relabel(local, merged, b, dtype):
     """Step 3: block ``b``'s local labels through its lookup table, on the labels' device."""
     labels, summary = local
+    if isinstance(merged, _DeviceNumbering):
+        cp = cuda.cupy()
+        with labels.device:
+            table = merged.table(b, labels.size, dtype)
+            labels = cp.ascontiguousarray(labels)
+            out = cp.empty(labels.shape, dtype=dtype)
+            if labels.size:
+                cuda.function("label", f"label_lookup<{cuda.cuda_type(labels.dtype)}, "
+                                       f"{cuda.cuda_type(dtype)}>")(
+                    _flat_grid(labels.size), (_THREADS,),
+                    (labels, table, out, np.int64(labels.size)))
+            return out
     numbering, away, count = merged[0][b]
     lines = len(numbering) - 2 * away
     ends = summary[len(summary) - lines:]
@@ -661,7 +885,8 @@ def _relabel(local, merged, b, dtype):
 
 
 def _count(merged):
-    return np.asarray(merged[1], dtype=np.intp)
+    total = merged.total if isinstance(merged, _DeviceNumbering) else merged[1]
+    return np.asarray(int(total), dtype=np.intp)
 
 
 def plan(x, structure, dtype=None, *, strict=False):
@@ -742,6 +967,10 @@ SPEC = KernelSpec(
         "label_merge<long long>",
         "label_flatten<int>",
         "label_flatten<long long>",
+        "label_scan<int>",
+        "label_scan<long long>",
+        "label_scan_offsets<int>",
+        "label_scan_offsets<long long>",
         "label_write<int, int>",
         "label_write<int, bool>",
         "label_write<long long, double>",
@@ -752,6 +981,21 @@ SPEC = KernelSpec(
         "label_table<int, unsigned char>",
         "label_table<long long, double>",
         "label_table<long long, long long>",
+        "label_slots<int>",
+        "label_slots<long long>",
+        "label_face_keys<int>",
+        "label_face_keys<long long>",
+        "label_face_init",
+        "label_face_unite",
+        "label_face_roots",
+        "label_renumber<int>",
+        "label_renumber<bool>",
+        "label_renumber<long long>",
+        "label_renumber<double>",
+        "label_lookup<int, int>",
+        "label_lookup<int, bool>",
+        "label_lookup<long long, long long>",
+        "label_lookup<int, double>",
     ),
     dtypes=GPU_DTYPES,
     ndim=(0, MAX_NDIM),

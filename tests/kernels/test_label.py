@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import chunkernels
-from chunkernels import CPUFallbackWarning, layout, ndimage
+from chunkernels import CPUFallbackWarning, cuda, layout, ndimage
 from chunkernels.kernels import label as K
 from chunkernels.ndimage import LabelError
 from chunkernels.testing import assert_close, chunkings, to_device_view
@@ -584,6 +584,48 @@ def test_device_table_matches_the_host_table(dtype):
             got = K._table_device(cp.asarray(ends.astype(index)), numbering, away, labels, dtype)
             assert got.dtype == want.dtype
             np.testing.assert_array_equal(got.get(), want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, chunks, connectivity", [
+    ((70, 90), (16, 25), 1), ((70, 90), (16, 25), 2), ((70, 90), (70, 90), 1),
+    ((13, 30, 21), (5, 8, 7), 3), ((200,), (30,), 1), ((6, 5, 7, 4), (2, 3, 3, 2), 4),
+    ((40, 0, 9), (20, 3, 4), 1)])
+@pytest.mark.parametrize("dtype", ["int32", "bool", "float64"])
+def test_device_merge_numbers_like_scipy_without_leaving_the_device(shape, chunks, connectivity,
+                                                                     dtype):
+    """Blocks labelled on one device merge there (merge_device): the graph's merge task takes
+    that path, and its tables give SciPy's labels and count."""
+    cp = pytest.importorskip("cupy")
+    x = np.random.default_rng(23).random(shape) < 0.5
+    s = ndi.generate_binary_structure(len(shape), connectivity)
+    want, n = ndi.label(x, s)
+    want = want.astype(dtype)  # bool: every label is True (SciPy refuses bool outputs here)
+    dx = da.from_array(cp.asarray(x), chunks=chunks, asarray=False)
+    local = [K._local_device(dx.blocks[i].compute(), s) for i in np.ndindex(*dx.numblocks)]
+    merged = K._merge_task(K._MergePlan(x.shape, dx.chunks, s, np.dtype(dtype)), local)
+    assert isinstance(merged, K._DeviceNumbering)
+    assert int(K._count(merged)) == n
+    out = np.zeros(shape, dtype=dtype)
+    for b, where in enumerate(da.core.slices_from_chunks(dx.chunks)):
+        got = K._relabel(local[b], merged, b, np.dtype(dtype))
+        assert cuda.is_cupy_array(got) and got.dtype == dtype
+        out[where] = got.get()
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [0, 1, 31, 255, 256, 257, 5000, 256 * 4096 + 1, 3_000_000])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_device_scan_matches_cumsum(n, dtype):
+    """The labels' two-launch scan: local sums plus per-segment offsets give numpy.cumsum."""
+    cp = pytest.importorskip("cupy")
+    values = np.random.default_rng(n).integers(0, 3, n).astype(dtype)
+    scan = K._Scan(cp.asarray(values))
+    local, offsets, seg = (a.get() if hasattr(a, "get") else int(a) for a in scan.args)
+    got = local + offsets[np.arange(n) // seg]
+    np.testing.assert_array_equal(got, np.cumsum(values))
+    assert int(scan.total) == values.sum()
 
 
 @pytest.mark.gpu
