@@ -96,6 +96,17 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
         raise
 
 
+def current() -> Any | None:
+    """The ``distributed.Client`` Dask would compute on now (the default client), or ``None``
+    when there is none or distributed is not installed (local threads or processes)."""
+    try:
+        from distributed import default_client
+
+        return default_client()
+    except (ImportError, ValueError):
+        return None
+
+
 def worker_count(c) -> int:
     """Number of workers the client ``c``'s scheduler knows now."""
     return len(c.scheduler_info(n_workers=-1)["workers"])

@@ -6,17 +6,19 @@ order of each component's first pixel, as SciPy numbers them. CUDA source:
 ``kernels_cuda/label.cu`` (union-find whose roots are first pixels, see its header).
 
 A label is not blockwise, so a Dask array gets its own graph (:func:`plan`), of
-``2 * chunks + 2`` tasks whatever the number of labels:
+``2 * chunks + 2`` tasks whatever the number of labels (``3 * chunks + 2`` when a distributed
+client is current, so that only the summaries travel to the merge's worker):
 
 1. per chunk, a local labelling (SciPy on NumPy chunks, the CUDA kernels on CuPy chunks) and a
    small summary: the chunk's faces (first and last slice along every axis) and, for every line
    along the last axis, how many local labels start on it (:func:`summary_layout`);
-2. one merge over all summaries, on the host (:func:`merge`): the faces of neighbouring chunks
-   give the pairs of local labels the structure connects, connected components of that graph
-   join them, and the per-line counts give each chunk, per line, the shift from its local
-   labels to global ones, and the global labels of its labels merged away;
-3. per chunk, from those, a lookup table from local to global labels, built and applied on the
-   chunk's device (``label_table``, then a ``take``).
+2. one merge over all summaries: on their device when they all are on one
+   (:func:`merge_device`), else on the host (:func:`merge`). The faces of neighbouring chunks
+   give the pairs of local labels the structure connects; joined, with the per-line counts
+   they give every local label its global one;
+3. per chunk, from the merge, a lookup table from local to global labels, built and applied on
+   the chunk's device (``label_renumber`` and ``label_lookup``, or ``label_table`` and a
+   ``take`` after a host merge).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import warnings
 import numpy as np
 import scipy.ndimage as ndi
 
-from chunkernels import cuda, layout
+from chunkernels import cluster, cuda, layout
 from chunkernels._errors import CPUFallbackWarning, UnsupportedBlockError
 from chunkernels._registry import KernelSpec
 
@@ -847,8 +849,13 @@ def _on_one_device(summaries) -> bool:
     return len(devices) == 1 and None not in devices
 
 
+def _summary_of(local):
+    return local[1]
+
+
 def _merge_task(plan, results):
-    summaries = [summary for _, summary in results]
+    """Step 2 from the local results (labels, summary) or the summaries alone."""
+    summaries = [r[1] if isinstance(r, tuple) else r for r in results]
     if len(plan.shape) <= MAX_NDIM and _on_one_device(summaries):
         with summaries[0].device:
             return merge_device(plan, summaries)
@@ -911,9 +918,16 @@ def plan(x, structure, dtype=None, *, strict=False):
     name = "label-" + tokenize(x, structure, dtype, strict)
     graph, dependencies = _block_tasks(_LocalLabels(structure, strict), f"{name}-local", x, ())
     local_keys = list(graph)
+    merged_from = local_keys
+    if cluster.current() is not None:
+        # on a cluster a task's whole result travels to the merge's worker: give it the
+        # summaries alone, not every chunk's labels
+        merged_from = [(f"{name}-summary", *key[1:]) for key in local_keys]
+        for key, local in zip(merged_from, local_keys):
+            graph[key] = Task(key, _summary_of, TaskRef(local))
     merge_key = (f"{name}-merge",)
     graph[merge_key] = Task(merge_key, _merge_task, _MergePlan(x.shape, x.chunks, structure, dtype),
-                            List(*(TaskRef(k) for k in local_keys)))
+                            List(*(TaskRef(k) for k in merged_from)))
     for b, key in enumerate(local_keys):
         out_key = (name, *key[1:])
         graph[out_key] = Task(out_key, _relabel, TaskRef(key), TaskRef(merge_key), b, dtype)

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from chunkernels import cuda
+from chunkernels import cluster, cuda
 from chunkernels._apply import _in_memory_blocks, _is_dask, apply
 from chunkernels.kernels import kappa_sigma_clip as ksc
 
@@ -349,11 +349,8 @@ def _graph_bins_cap(x) -> int:
     """Histogram bins every GPU that may run a block of ``x`` holds (all, for NumPy chunks)."""
     if not cuda.is_cupy_array(x._meta):
         return ksc.NBINS
-    try:
-        from distributed import default_client
-
-        client = default_client()
-    except (ImportError, ValueError):  # no cluster: the blocks run on this process's GPU
+    client = cluster.current()
+    if client is None:  # no cluster: the blocks run on this process's GPU
         return _local_bins_cap()
     return min(client.run(_local_bins_cap).values(), default=ksc.NBINS)
 

@@ -484,7 +484,13 @@ def test_on_a_cluster_of_processes():
     with cluster.client(gpus=0, processes=True, n_workers=2, threads=1, dashboard_address=None):
         for source in (da.from_array(x, chunks=(13, 17)),
                        da.from_array(x, chunks=(13, 17)).persist()):
-            labels, count = dask.compute(*ndimage.label(source, S22))
+            labels, count = ndimage.label(source, S22)
+            # only the chunks' summaries travel to the merge, not their labels
+            graph = dict(labels.__dask_graph__())
+            merge = next(task for key, task in graph.items() if key[0].endswith("-merge"))
+            assert {k[0].rsplit("-", 1)[1] for k in merge.dependencies} == {"summary"}
+            assert sum(k[0].startswith("label-") for k in graph) == 3 * source.npartitions + 1
+            labels, count = dask.compute(labels, count)
             assert int(count) == n
             assert_close(labels, expected)
 
