@@ -266,9 +266,11 @@ __device__ __forceinline__ T label_block_scan(T v, T& carry, T* warp_sums)
     return before + v;
 }
 
-template <typename T>
-__global__ void label_scan(T* values, T* __restrict__ totals, const long long n,
-                           const long long seg)
+// label_scan's first pass over this block's segment, of the values value(i) (called once per
+// element of the segment): out[i] is the segment's sum up to i, totals[block] its total.
+template <typename T, typename Value>
+__device__ __forceinline__ void label_scan_segment(T* out, T* totals, const long long n,
+                                                   const long long seg, Value value)
 {
     __shared__ T warp_sums[LABEL_SCAN_THREADS / 32];
     const long long begin = (long long)blockIdx.x * seg;
@@ -276,15 +278,22 @@ __global__ void label_scan(T* values, T* __restrict__ totals, const long long n,
     T carry = 0;
     for (long long base = begin; base < end; base += LABEL_SCAN_THREADS) {
         const long long i = base + threadIdx.x;
-        const T v = label_block_scan<T, LABEL_SCAN_THREADS>(i < end ? values[i] : T(0), carry,
+        const T v = label_block_scan<T, LABEL_SCAN_THREADS>(i < end ? value(i) : T(0), carry,
                                                              warp_sums);
         if (i < end) {
-            values[i] = v;
+            out[i] = v;
         }
     }
     if (threadIdx.x == 0) {
         totals[blockIdx.x] = carry;
     }
+}
+
+template <typename T>
+__global__ void label_scan(T* values, T* __restrict__ totals, const long long n,
+                           const long long seg)
+{
+    label_scan_segment<T>(values, totals, n, seg, [values](long long i) { return values[i]; });
 }
 
 template <typename T>
@@ -315,37 +324,23 @@ template <typename I>
 __global__ void label_flatten(I* parent, I* __restrict__ counts, I* __restrict__ totals,
                               const long long n, const long long seg)
 {
-    __shared__ I warp_sums[LABEL_SCAN_THREADS / 32];
-    const long long begin = (long long)blockIdx.x * seg;
-    const long long end = min(n, begin + seg);
-    I carry = 0;
-    for (long long base = begin; base < end; base += LABEL_SCAN_THREADS) {
-        const long long p = base + threadIdx.x;
-        I flag = 0;
-        if (p < end) {
-            const I v = parent[p];
-            if (v >= 0) {
-                // other threads shorten paths meanwhile; every value read is still an ancestor
-                I r = v;
-                I q = parent[r];
-                while (q != r) {
-                    r = q;
-                    q = parent[r];
-                }
-                if (r != v) {
-                    parent[p] = r;
-                }
-                flag = r == p;
-            }
+    label_scan_segment<I>(counts, totals, n, seg, [parent](long long p) {
+        const I v = parent[p];
+        if (v < 0) {
+            return I(0);
         }
-        const I c = label_block_scan<I, LABEL_SCAN_THREADS>(flag, carry, warp_sums);
-        if (p < end) {
-            counts[p] = c;
+        // other threads shorten paths meanwhile; every value read is still an ancestor
+        I r = v;
+        I q = parent[r];
+        while (q != r) {
+            r = q;
+            q = parent[r];
         }
-    }
-    if (threadIdx.x == 0) {
-        totals[blockIdx.x] = carry;
-    }
+        if (r != v) {
+            parent[p] = r;
+        }
+        return I(r == p);
+    });
 }
 
 // -- 5. labels ----------------------------------------------------------------------------------
