@@ -813,7 +813,19 @@ class _DeviceNumbering:
                        "away_offsets": away.offsets}
         self.segs = (raster.seg, away.seg)
         self.total = total
+        # neighbours along the last axis join each run of pixels of a line into one label
+        along = (1,) * (len(plan.shape) - 1) + (2,)
+        self.runs = bool(plan.structure[along])
         self._copies = {}
+
+    def most_labels(self, shape) -> int:
+        """The most local labels a block of ``shape`` can have: a label starts at its first
+        pixel, so at most one per pixel, or per run of pixels along the last axis when the
+        structure joins neighbours there (at most half the line, rounded up)."""
+        size = math.prod(shape)
+        if not self.runs or not size:
+            return size
+        return size // shape[-1] * ((shape[-1] + 1) // 2)
 
     def _here(self) -> dict:
         """The arrays on the current device: copied there (once) if they are elsewhere."""
@@ -825,10 +837,12 @@ class _DeviceNumbering:
             self._copies[device] = {k: cp.asarray(v) for k, v in self.arrays.items()}
         return self._copies[device]
 
-    def table(self, b, bound, dtype):
-        """Block ``b``'s lookup table, local to global label, on the current device: entries
-        ``0..bound`` (the block's labels are at most ``bound``), those past its labels unset."""
+    def table(self, b, shape, dtype):
+        """Block ``b``'s lookup table, local to global label, on the current device, for a block
+        of ``shape``: entries ``0..most_labels(shape)``, those past its labels unset (the host
+        does not know how many it has)."""
         cp = cuda.cupy()
+        bound = self.most_labels(shape)
         layout = _layout(self.shape, self.chunks)
         a = self._here()
         s0, s1 = layout.first[b], layout.first[b + 1]
@@ -868,7 +882,7 @@ def _relabel(local, merged, b, dtype):
     if isinstance(merged, _DeviceNumbering):
         cp = cuda.cupy()
         with labels.device:
-            table = merged.table(b, labels.size, dtype)
+            table = merged.table(b, labels.shape, dtype)
             labels = cp.ascontiguousarray(labels)
             out = cp.empty(labels.shape, dtype=dtype)
             if labels.size:

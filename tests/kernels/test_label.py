@@ -461,6 +461,32 @@ def test_merge_sends_line_shifts_and_merged_labels_not_a_table(connectivity):
     assert _merged(x, s, (16, 25))[3] == n  # again, with the grid's layout cached
 
 
+@pytest.mark.parametrize("shape", [(1,), (7,), (8,), (5, 1), (4, 9), (3, 4, 6), (2, 3, 2, 5)])
+def test_device_tables_are_sized_for_the_most_labels_a_block_can_have(shape):
+    """The device merge sizes each block's table before knowing its labels: at most one per
+    pixel, or one per run along the last axis when the structure joins neighbours there.
+    Alternating, full and random images never pass it; pixels with no neighbours reach it."""
+    from types import SimpleNamespace
+
+    scan = SimpleNamespace(values=None, offsets=None, seg=1)
+    rng = np.random.default_rng(24)
+    alternate = np.indices(shape)[-1] % 2 == 0  # every other pixel of each line
+    for structure in structures(len(shape)):
+        plan = K._MergePlan(shape, tuple((n,) for n in shape), structure, np.int32)
+        bound = K._DeviceNumbering(plan, None, scan, None, None, scan, None).most_labels(shape)
+        if structure[(1,) * (len(shape) - 1) + (2,)]:
+            assert bound == math.prod(shape[:-1]) * ((shape[-1] + 1) // 2)
+        else:
+            assert bound == math.prod(shape)
+        for x in [alternate, np.ones(shape, bool), *(rng.random(shape) < 0.5 for _ in range(5))]:
+            assert ndi.label(x, structure)[1] <= bound
+    isolated = np.zeros((3,) * len(shape), bool)
+    isolated[(1,) * len(shape)] = True  # no neighbour at all: every pixel its own label
+    assert K._DeviceNumbering(K._MergePlan(shape, tuple((n,) for n in shape), isolated, np.int32),
+                              None, scan, None, None, scan, None).most_labels(shape) \
+        == ndi.label(np.ones(shape), isolated)[1]
+
+
 @backends
 def test_labels_merged_away_between_labels_kept_on_one_line(backend):
     """A chunk's line holding a label merged into the chunk before it, a label of its own, and
