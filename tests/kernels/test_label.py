@@ -737,3 +737,60 @@ def test_check_command_gpu():
     results = run_check(["label"], gpu=True)
     assert {r.path for r in results} >= {"gpu, whole array", "gpu, dask chunks"}
     assert all(r.status == "pass" for r in results), [(r.path, r.detail) for r in results]
+
+
+def label_on_gpu_workers(workers, **cluster_kwargs):
+    """Chunks persisted on ``workers`` worker processes using CuPy (``cluster.client`` of
+    ``cluster_kwargs``), labelled there: SciPy's labels, with the summaries going to the merge
+    (not the labels) and the device merge's numbering to every worker."""
+    cp = pytest.importorskip("cupy")
+    from distributed import futures_of, wait
+
+    from chunkernels import cluster
+
+    x = np.random.default_rng(25).random((300, 280)) < 0.55
+    expected, count = ndi.label(x, S22)
+    with cluster.client(dashboard_address=None, **cluster_kwargs) as c:
+        assert cluster.worker_count(c) == workers
+        dx = da.from_array(x, chunks=(60, 70)).map_blocks(
+            cp.asarray, meta=cp.empty((0, 0), bool)).persist()
+        wait(dx)
+        holders = {w for ws in c.who_has(futures_of(dx)).values() for w in ws}
+        assert len(holders) == workers
+        labels, number = ndimage.label(dx, S22)
+        graph = dict(labels.__dask_graph__())
+        assert any(k[0].endswith("-summary") for k in graph)
+        merge = next(k for k in graph if k[0].endswith("-merge"))
+        assert isinstance(c.get(graph, merge), K._DeviceNumbering)  # merged on a worker's GPU
+        got, k = dask.compute(labels, number)
+        assert int(k) == count
+        assert cuda.is_cupy_array(got)
+        assert_close(got, expected)
+
+
+@pytest.mark.gpu
+def test_chunks_spread_over_two_worker_processes_of_one_gpu():
+    label_on_gpu_workers(2, gpus=0, processes=True, n_workers=2, threads=1)
+
+
+@pytest.mark.multigpu
+def test_chunks_spread_over_gpu_workers():
+    label_on_gpu_workers(cuda.gpu_count(), gpus=cuda.gpu_count())
+
+
+@pytest.mark.multigpu
+def test_chunks_on_several_devices_of_one_process():
+    """Dask's threaded scheduler with chunks on two devices: their summaries are on different
+    devices, so the merge runs on the host, and each chunk is relabelled on its own device."""
+    cp = pytest.importorskip("cupy")
+    x = np.random.default_rng(26).random((120, 90)) < 0.55
+    expected, count = ndi.label(x)
+    blocks = []
+    for i, rows in enumerate(np.array_split(x, 4)):
+        with cp.cuda.Device(i % 2):
+            blocks.append(da.from_array(cp.asarray(rows), chunks=rows.shape, asarray=False))
+    labels, number = dask.persist(*ndimage.label(da.concatenate(blocks)), scheduler="threads")
+    assert int(number.compute()) == count
+    parts = [labels.blocks[i].compute() for i in range(4)]
+    assert [p.device.id for p in parts] == [0, 1, 0, 1]
+    assert_close(np.concatenate([p.get() for p in parts]), expected)
