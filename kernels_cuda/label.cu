@@ -18,7 +18,8 @@
 //                  of each root is its label
 //   label_write    label of every pixel = rank of its root, into any output dtype and strides
 //   label_summary  the block's faces and per-line label counts, for the chunked merge
-//   label_table    a block's lookup table, local to global label, from the merge's numbering
+//   label_table    a block's lookup table, local to global label, from a host merge
+//   section 8      the chunked merge on the device, and the tables and lookups that follow it
 //
 // Blocks are seen as 4-D, (n0, n1, n2, n3), with leading axes of length 1 added; the parent
 // array is C-ordered over that shape. Tiles cover TILE_Y x TILE_X of the last two axes at one

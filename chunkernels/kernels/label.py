@@ -250,8 +250,8 @@ _SCAN_SEGMENTS = 4096  # thread blocks of label_scan at most
 
 class _Forest:
     """The union-find of one non-empty block on the device: ``parent`` (every foreground pixel's
-    root, the component's first pixel; -1 for background) and ``rank`` (the scan of the root
-    flags: root ``r`` has label ``rank`` up to ``r``), both C-ordered and flat."""
+    root, the component's first pixel; -1 for background), C-ordered and flat, and ``rank``, a
+    :class:`_Scan` of the root flags: a root's label is the number of roots up to it."""
 
     def __init__(self, x, structure, index64):
         cp = cuda.cupy()
@@ -740,7 +740,7 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     """:func:`merge` for summaries on one device, done there: nothing is copied to the host and
     nothing waits for the device (unless the output dtype may be too small for the labels).
 
-    The numbering is the same, reached another way (see section 7 of ``label.cu``): each node's
+    The numbering is the same, reached another way (see section 8 of ``label.cu``): each node's
     rank comes from a scan of the per-line counts in raster order; the nodes on chunk faces are
     sorted by rank, so that the first face pixel of each node's run stands for it, and joined
     across the faces by a union-find whose roots are the smallest ranks; a scan of the nodes
