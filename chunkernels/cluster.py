@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+import sys
 from typing import Any
 
 from chunkernels import cuda
@@ -98,12 +99,17 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
 
 def current() -> Any | None:
     """The ``distributed.Client`` Dask would compute on now (the default client), or ``None``
-    when there is none or distributed is not installed (local threads or processes)."""
-    try:
-        from distributed import default_client
+    when there is none (local threads or processes).
 
-        return default_client()
-    except (ImportError, ValueError):
+    Asking imports nothing: without distributed imported there is no client, and importing it
+    (about half a second) would slow every caller on a machine that never starts one.
+    """
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
+        return None
+    try:
+        return distributed.default_client()
+    except ValueError:
         return None
 
 

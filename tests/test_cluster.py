@@ -160,3 +160,15 @@ def test_one_worker_per_gpu():
         holders = {w for ws in c.who_has(futures_of(z)).values() for w in ws}
         assert len(holders) == n  # the blocks were spread over every GPU worker
         assert_close(z.compute(), x_np + np.float32(1))
+
+
+def test_current_client_is_none_without_a_client_and_imports_nothing():
+    import subprocess
+    import sys
+
+    code = ("import sys, chunkernels.cluster as c; assert c.current() is None; "
+            "assert 'distributed' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    with cluster.client(gpus=0, **QUIET) as c:
+        assert cluster.current() is c
+    assert cluster.current() is None
