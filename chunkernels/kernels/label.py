@@ -760,8 +760,8 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
                                              device["segment"], ends, raster, np.int64(slots)))
     raster = _Scan(raster)  # per slot of the table, the labels up to its end
     faces = len(device["face_at"])
-    keys = cp.empty(faces, dtype=np.int64)
-    sorted_keys, root, away = keys, cp.empty(faces, dtype=np.int64), cp.zeros(0, np.int64)
+    keys, root, away = (cp.empty(faces, dtype=np.int64) for _ in range(3))
+    sorted_keys = keys
     if faces:
         cuda.function("label", f"label_face_keys<{ctype}>")(
             _flat_grid(faces), (_THREADS,),
@@ -781,7 +781,6 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
             cuda.function("label", "label_face_unite")(
                 _flat_grid(low.size), (_THREADS,),
                 (low, high, keys, at, root, *(np.int64(n) for n in dims), np.uint32(mask)))
-        away = cp.empty(faces, dtype=np.int64)
         cuda.function("label", "label_face_roots")(
             _flat_grid(faces), (_THREADS,), (root, sorted_keys, away, np.int64(faces)))
     away = _Scan(away)
@@ -789,6 +788,16 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     if not holds(plan.dtype, math.prod(plan.shape)):
         check_bit_depth(int(total), plan.dtype)
     return _DeviceNumbering(plan, ends, raster, sorted_keys, root, away, total)
+
+
+def most_labels(structure, shape) -> int:
+    """The most labels a block of ``shape`` can have under ``structure``: a label starts at its
+    first pixel, so at most one per pixel, or one per run of pixels along the last axis when
+    the structure joins neighbours there (half the line at most, rounded up)."""
+    size = math.prod(shape)
+    if not size or not structure[(1,) * (len(shape) - 1) + (2,)]:
+        return size
+    return size // shape[-1] * ((shape[-1] + 1) // 2)
 
 
 def _plane_offsets(crossing) -> int:
@@ -813,19 +822,8 @@ class _DeviceNumbering:
                        "away_offsets": away.offsets}
         self.segs = (raster.seg, away.seg)
         self.total = total
-        # neighbours along the last axis join each run of pixels of a line into one label
-        along = (1,) * (len(plan.shape) - 1) + (2,)
-        self.runs = bool(plan.structure[along])
+        self.structure = plan.structure
         self._copies = {}
-
-    def most_labels(self, shape) -> int:
-        """The most local labels a block of ``shape`` can have: a label starts at its first
-        pixel, so at most one per pixel, or per run of pixels along the last axis when the
-        structure joins neighbours there (at most half the line, rounded up)."""
-        size = math.prod(shape)
-        if not self.runs or not size:
-            return size
-        return size // shape[-1] * ((shape[-1] + 1) // 2)
 
     def _here(self) -> dict:
         """The arrays on the current device: copied there (once) if they are elsewhere."""
@@ -839,10 +837,10 @@ class _DeviceNumbering:
 
     def table(self, b, shape, dtype):
         """Block ``b``'s lookup table, local to global label, on the current device, for a block
-        of ``shape``: entries ``0..most_labels(shape)``, those past its labels unset (the host
-        does not know how many it has)."""
+        of ``shape``: entries ``0..most_labels(structure, shape)``, those past its labels unset
+        (the host does not know how many it has)."""
         cp = cuda.cupy()
-        bound = self.most_labels(shape)
+        bound = most_labels(self.structure, shape)
         layout = _layout(self.shape, self.chunks)
         a = self._here()
         s0, s1 = layout.first[b], layout.first[b + 1]

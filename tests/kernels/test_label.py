@@ -466,14 +466,10 @@ def test_device_tables_are_sized_for_the_most_labels_a_block_can_have(shape):
     """The device merge sizes each block's table before knowing its labels: at most one per
     pixel, or one per run along the last axis when the structure joins neighbours there.
     Alternating, full and random images never pass it; pixels with no neighbours reach it."""
-    from types import SimpleNamespace
-
-    scan = SimpleNamespace(values=None, offsets=None, seg=1)
     rng = np.random.default_rng(24)
     alternate = np.indices(shape)[-1] % 2 == 0  # every other pixel of each line
     for structure in structures(len(shape)):
-        plan = K._MergePlan(shape, tuple((n,) for n in shape), structure, np.int32)
-        bound = K._DeviceNumbering(plan, None, scan, None, None, scan, None).most_labels(shape)
+        bound = K.most_labels(structure, shape)
         if structure[(1,) * (len(shape) - 1) + (2,)]:
             assert bound == math.prod(shape[:-1]) * ((shape[-1] + 1) // 2)
         else:
@@ -482,9 +478,7 @@ def test_device_tables_are_sized_for_the_most_labels_a_block_can_have(shape):
             assert ndi.label(x, structure)[1] <= bound
     isolated = np.zeros((3,) * len(shape), bool)
     isolated[(1,) * len(shape)] = True  # no neighbour at all: every pixel its own label
-    assert K._DeviceNumbering(K._MergePlan(shape, tuple((n,) for n in shape), isolated, np.int32),
-                              None, scan, None, None, scan, None).most_labels(shape) \
-        == ndi.label(np.ones(shape), isolated)[1]
+    assert K.most_labels(isolated, shape) == ndi.label(np.ones(shape), isolated)[1]
 
 
 @backends
