@@ -17,7 +17,8 @@
 //                  scans the flags per segment; label_scan_offsets finishes the scan: the rank
 //                  of each root is its label
 //   label_write    label of every pixel = rank of its root, into any output dtype and strides
-//   label_summary  the block's faces and per-line label counts, for the chunked merge
+//   label_write_summary  label_write in place for a chunk, writing on the way its faces and
+//                  per-line label counts, for the chunked merge
 //   label_table    a block's lookup table, local to global label, from a host merge
 //   section 8      the chunked merge on the device, and the tables and lookups that follow it
 //
@@ -350,7 +351,7 @@ __global__ void label_flatten(I* parent, I* __restrict__ counts, I* __restrict__
 // thread reads its own parent before writing its label).
 
 template <typename I, typename O>
-__global__ void label_write(const I* parent, const I* __restrict__ counts,
+__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 6) label_write(const I* parent, const I* __restrict__ counts,
                             const I* __restrict__ offsets, const long long seg, O* out,
                             const I n0, const I n1, const I n2, const I n3,
                             const I o0, const I o1, const I o2, const I o3)
@@ -381,52 +382,94 @@ __global__ void label_write(const I* parent, const I* __restrict__ counts,
     }
 }
 
-// -- 6. what the chunked merge needs of a block -------------------------------------------------
-// Segments, in order: for each real axis a (the last 4 - first_axis of the four), the face at
-// index 0 then the face at index n_a - 1, each in C order over the other axes; then, for each
-// line along the last axis in C order, the labels numbered up to the line's end (the rank at its
-// last pixel), which tells the merge how many labels start on each line. blockIdx.y picks the
-// segment; threads stride over its elements. (counts, offsets, seg) is the scan of the root flags.
+// -- 6. a chunk's labels and what the chunked merge needs of it ----------------------------------
+// label_write into the parent array itself (C order, type I), writing on the way the chunk's
+// summary. Its segments, in order: for each real axis a (the last 4 - first_axis of the four),
+// the face at index 0 then the face at index n_a - 1, each in C order over the other axes (a
+// pixel on both, n_a == 1, goes to both); then, for each line along the last axis in C order,
+// the labels numbered up to the line's end (the rank at its last pixel), which tells the merge
+// how many labels start on each line. (counts, offsets, seg) is the scan of the root flags.
+
+// Where segment y of a summary starts: the sizes of the faces before it (axis first_axis + y / 2
+// of the four; an axis's face holds total / n_axis pixels). Only face pixels and the lines' last
+// pixels ask: not inlined, so that its divisions take no registers from the other pixels' path.
+template <typename I>
+__device__ __noinline__ I label_summary_at(const int y, const int first_axis, const I total,
+                              const I n0, const I n1, const I n2, const I n3)
+{
+    I at = 0;
+#pragma unroll
+    for (int s = 0; s < 2 * 4; ++s) {
+        const int axis = first_axis + s / 2;
+        if (s >= y || axis > 3) {
+            break;
+        }
+        at += total / (axis == 0 ? n0 : axis == 1 ? n1 : axis == 2 ? n2 : n3);
+    }
+    return at;
+}
 
 template <typename I>
-__global__ void label_summary(const I* __restrict__ labels, const I* __restrict__ counts,
-                              const I* __restrict__ offsets, const long long seg,
-                              I* __restrict__ summary,
-                              const I n0, const I n1, const I n2, const I n3,
-                              const int first_axis)
+__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 6) label_write_summary(I* parent, const I* __restrict__ counts,
+                                    const I* __restrict__ offsets, const long long seg,
+                                    I* __restrict__ summary,
+                                    const I n0, const I n1, const I n2, const I n3,
+                                    const int first_axis)
 {
-    const I n[4] = {n0, n1, n2, n3};
-    const I total = n0 * n1 * n2 * n3;
-    const int faces = 2 * (4 - first_axis);
-    const int segment = blockIdx.y;
-    I offset = 0;
-    for (int y = 0; y < segment && y < faces; ++y) {
-        offset += total / n[first_axis + y / 2];
-    }
-    const I step = (I)gridDim.x * blockDim.x;
-    const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
-    if (segment == faces) {
-        const I lines = total / n3;
-        for (I e = start; e < lines; e += step) {
-            summary[offset + e] = label_scanned(counts, offsets, seg, (long long)e * n3 + n3 - 1);
-        }
+    const I planes = n0 * n1;
+    const I total = planes * n2 * n3;
+    const I col = (I)blockIdx.x * LABEL_TILE_X + threadIdx.x;
+    const I tiles_y = (n2 + LABEL_TILE_Y - 1) / LABEL_TILE_Y;
+    if (col >= n3) {
         return;
     }
-    const int axis = first_axis + segment / 2;
-    const I fixed = (segment & 1) ? n[axis] - 1 : 0;
-    const I size = total / n[axis];
-    for (I e = start; e < size; e += step) {
-        I c[4];
-        I rest = e;
-        for (int b = 3; b >= 0; --b) {
-            if (b == axis) {
-                c[b] = fixed;
-            } else {
-                c[b] = rest % n[b];
-                rest /= n[b];
+    for (I z = blockIdx.z; z < planes; z += gridDim.z) {
+        const I i0 = z / n1;
+        const I i1 = z - i0 * n1;
+        for (I by = blockIdx.y; by < tiles_y; by += gridDim.y) {
+            const I row0 = by * LABEL_TILE_Y;
+            for (int r = threadIdx.y; r < LABEL_TILE_Y; r += LABEL_BLOCK_Y) {
+                const I row = row0 + r;
+                if (row >= n2) {
+                    continue;
+                }
+                const I p = (z * n2 + row) * n3 + col;
+                const I v = parent[p];
+                const I label = v < 0 ? I(0) : I(label_scanned(counts, offsets, seg, (long long)v));
+                parent[p] = label;
+                if (col == n3 - 1) {
+                    const I lines_at = label_summary_at(2 * (4 - first_axis), first_axis, total,
+                                                        n0, n1, n2, n3);
+                    summary[lines_at + z * n2 + row] =
+                        I(label_scanned(counts, offsets, seg, (long long)p));
+                }
+                const I c[4] = {i0, i1, row, col};
+                const I n[4] = {n0, n1, n2, n3};
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    const bool low = c[a] == 0;
+                    const bool high = c[a] == n[a] - 1;
+                    if (a < first_axis || !(low || high)) {
+                        continue;
+                    }
+                    I e = 0;  // the pixel's place in the face: C order over the other axes
+#pragma unroll
+                    for (int b = 0; b < 4; ++b) {
+                        if (b != a) {
+                            e = e * n[b] + c[b];
+                        }
+                    }
+                    const int y = 2 * (a - first_axis);
+                    if (low) {
+                        summary[label_summary_at(y, first_axis, total, n0, n1, n2, n3) + e] = label;
+                    }
+                    if (high) {
+                        summary[label_summary_at(y + 1, first_axis, total, n0, n1, n2, n3) + e] =
+                            label;
+                    }
+                }
             }
         }
-        summary[offset + e] = labels[((c[0] * n1 + c[1]) * n2 + c[2]) * n3 + c[3]];
     }
 }
 

@@ -216,27 +216,22 @@ class _Scan:
     the first pass when it makes the values on the way (``label_flatten``, the root flags).
     """
 
+    __slots__ = ("values", "offsets", "seg")
+
     def __init__(self, values, first=None, before=()):
         cp = cuda.cupy()
-        n = values.size
-        segments = max(1, min(_SCAN_SEGMENTS, -(-n // _SCAN_THREADS)))
-        self.seg = max(1, -(-n // (segments * _SCAN_THREADS))) * _SCAN_THREADS
-        segments = max(1, -(-n // self.seg))
+        plan = _scan_plan(values.device.id, values.size, values.dtype)
         self.values = values
-        self.offsets = cp.empty(segments + 1, dtype=values.dtype)
-        totals = cp.empty(segments, dtype=values.dtype)
-        ctype = cuda.cuda_type(values.dtype)
-        if first is None:
-            first = cuda.function("label", f"label_scan<{ctype}>")
-        first((segments,), (_SCAN_THREADS,),
-              (*before, values, totals, np.int64(n), np.int64(self.seg)))
-        cuda.function("label", f"label_scan_offsets<{ctype}>")(
-            (1,), (1024,), (totals, self.offsets, np.int32(segments)))
+        self.offsets = cp.empty(plan.segments + 1, dtype=values.dtype)
+        self.seg = plan.seg
+        totals = cp.empty(plan.segments, dtype=values.dtype)
+        (first or plan.scan)(plan.grid, (_SCAN_THREADS,), (*before, values, totals, *plan.sizes))
+        plan.offsets(*plan.offsets_launch, (totals, self.offsets, plan.count))
 
     @property
     def args(self) -> tuple:
         """The kernels' three arguments for the scan: local sums, offsets, segment length."""
-        return self.values, self.offsets, np.int64(self.seg)
+        return self.values, self.offsets, self.seg
 
     @property
     def total(self):
@@ -248,39 +243,128 @@ _SCAN_THREADS = 256    # LABEL_SCAN_THREADS in label.cu
 _SCAN_SEGMENTS = 4096  # thread blocks of label_scan at most
 
 
-class _Forest:
-    """The union-find of one non-empty block on the device: ``parent`` (every foreground pixel's
-    root, the component's first pixel; -1 for background), C-ordered and flat, and ``rank``, a
-    :class:`_Scan` of the root flags: a root's label is the number of roots up to it."""
+class _ScanPlan:
+    """The launches of a :class:`_Scan` of ``n`` elements of ``dtype`` on one device: segments
+    of ``seg`` elements (a whole number of thread blocks), one thread block each."""
+
+    __slots__ = ("segments", "seg", "grid", "sizes", "count", "scan", "offsets", "offsets_launch")
+
+    def __init__(self, n, dtype):
+        segments = max(1, min(_SCAN_SEGMENTS, -(-n // _SCAN_THREADS)))
+        seg = max(1, -(-n // (segments * _SCAN_THREADS))) * _SCAN_THREADS
+        self.segments = max(1, -(-n // seg))
+        self.seg = np.int64(seg)
+        self.grid = (self.segments,)
+        self.sizes = (np.int64(n), self.seg)
+        self.count = np.int32(self.segments)
+        ctype = cuda.cuda_type(dtype)
+        self.scan = cuda.function("label", f"label_scan<{ctype}>")
+        self.offsets = cuda.function("label", f"label_scan_offsets<{ctype}>")
+        self.offsets_launch = ((1,), (1024,))
+
+
+@functools.lru_cache(maxsize=1024)
+def _scan_plan(device: int, n: int, dtype) -> _ScanPlan:
+    with cuda.cupy().cuda.Device(device):
+        return _ScanPlan(n, dtype)
+
+
+class _ForestPlan:
+    """What :class:`_Forest` launches for one block layout (device, shape, strides, dtype,
+    structure, index width), worked out once: the compiled kernels, their grids and their
+    scalar arguments. Dask's blocks mostly share a few layouts, so a block costs its
+    allocations and its launches."""
+
+    __slots__ = ("index", "ctype", "dims", "grid", "tiles", "tiles_args", "merge", "merge_args",
+                 "flatten", "scan", "size", "shape", "first_axis", "summary_size", "_writes",
+                 "_write_summary")
 
     def __init__(self, x, structure, index64):
-        cp = cuda.cupy()
-        if x.dtype.name not in _NATIVE:
-            x = x != 0
         self.index = np.int64 if index64 else np.int32
         self.ctype = "long long" if index64 else "int"
         shape4, strides4 = _frame(x)
         self.dims = tuple(self.index(n) for n in shape4)
         self.grid = _tile_grid(shape4)
-        self.size = x.size
         mask = np.uint64(structure_mask(structure, x.shape))
-        self.parent = cp.empty(x.size, dtype=self.index)
-        tiles = cuda.function("label", f"label_tiles<{cuda.cuda_type(x.dtype)}, {self.ctype}>")
-        tiles(self.grid, _BLOCK, (x, self.parent, *self.dims,
-                                  *(self.index(s) for s in strides4), mask))
-        cuda.function("label", f"label_merge<{self.ctype}>")(
-            self.grid, _BLOCK, (self.parent, *self.dims, mask))
-        self.rank = _Scan(cp.empty(x.size, dtype=self.index),
-                          cuda.function("label", f"label_flatten<{self.ctype}>"), (self.parent,))
+        self.tiles = cuda.function("label", f"label_tiles<{cuda.cuda_type(x.dtype)}, {self.ctype}>")
+        self.tiles_args = (*self.dims, *(self.index(s) for s in strides4), mask)
+        self.merge = cuda.function("label", f"label_merge<{self.ctype}>")
+        self.merge_args = (*self.dims, mask)
+        self.flatten = cuda.function("label", f"label_flatten<{self.ctype}>")
+        self.size = x.size
+        self.shape = x.shape
+        self.scan = _scan_plan(x.device.id, x.size, np.dtype(self.index))
+        faces, lines = summary_layout(x.shape)
+        self.first_axis = np.int32(MAX_NDIM - x.ndim)
+        self.summary_size = sum(faces) + lines
+        self._writes = {}
+        self._write_summary = None
+
+    def write(self, out) -> tuple:
+        """``label_write`` into ``out``'s dtype and strides, and those strides as arguments."""
+        key = (out.dtype, out.strides)
+        launch = self._writes.get(key)
+        if launch is None:
+            _, strides4 = _frame(out)
+            launch = self._writes[key] = (
+                cuda.function("label", f"label_write<{self.ctype}, {cuda.cuda_type(out.dtype)}>"),
+                tuple(self.index(s) for s in strides4))
+        return launch
+
+    def write_summary(self):
+        """``label_write_summary`` (compiled on first use: a whole-array label needs none)."""
+        if self._write_summary is None:
+            self._write_summary = cuda.function("label", f"label_write_summary<{self.ctype}>")
+        return self._write_summary
+
+
+_FOREST_PLANS: dict[tuple, _ForestPlan] = {}
+_MAX_FOREST_PLANS = 1024
+
+
+def _forest_plan(x, structure, index64) -> _ForestPlan:
+    key = (x.device.id, x.shape, x.strides, x.dtype, structure.tobytes(), structure.shape, index64)
+    plan = _FOREST_PLANS.get(key)
+    if plan is None:
+        if len(_FOREST_PLANS) >= _MAX_FOREST_PLANS:
+            _FOREST_PLANS.clear()
+        plan = _FOREST_PLANS[key] = _ForestPlan(x, structure, index64)
+    return plan
+
+
+class _Forest:
+    """The union-find of one non-empty block on the device: ``parent`` (every foreground pixel's
+    root, the component's first pixel; -1 for background), C-ordered and flat, and ``rank``, a
+    :class:`_Scan` of the root flags: a root's label is the number of roots up to it."""
+
+    __slots__ = ("plan", "index", "parent", "rank")
+
+    def __init__(self, x, structure, index64):
+        cp = cuda.cupy()
+        if x.dtype.name not in _NATIVE:
+            x = x != 0
+        self.plan = plan = _forest_plan(x, structure, index64)
+        self.index = plan.index
+        self.parent = cp.empty(x.size, dtype=plan.index)
+        plan.tiles(plan.grid, _BLOCK, (x, self.parent, *plan.tiles_args))
+        plan.merge(plan.grid, _BLOCK, (self.parent, *plan.merge_args))
+        self.rank = _Scan(cp.empty(x.size, dtype=plan.index), plan.flatten, (self.parent,))
 
     def write(self, out):
-        """Every pixel's label into ``out`` (any dtype of OUTPUT_DTYPES, any strides, or the
-        parent array itself)."""
-        _, strides4 = _frame(out)
-        kernel = cuda.function("label", f"label_write<{self.ctype}, {cuda.cuda_type(out.dtype)}>")
-        kernel(self.grid, _BLOCK, (self.parent, *self.rank.args, out, *self.dims,
-                                   *(self.index(s) for s in strides4)))
+        """Every pixel's label into ``out`` (any dtype of OUTPUT_DTYPES, any strides)."""
+        kernel, strides = self.plan.write(out)
+        kernel(self.plan.grid, _BLOCK, (self.parent, *self.rank.args, out, *self.plan.dims,
+                                        *strides))
         return out
+
+    def write_summary(self):
+        """Every pixel's label into the parent array itself, and the block's summary (see
+        :func:`summary_layout`); ``(labels in the block's shape, summary)``."""
+        plan = self.plan
+        summary = cuda.cupy().empty(plan.summary_size, dtype=plan.index)
+        plan.write_summary()(plan.grid, _BLOCK, (self.parent, *self.rank.args, summary,
+                                                 *plan.dims, plan.first_axis))
+        return self.parent.reshape(plan.shape), summary
 
 
 _NATIVE = frozenset(d for d in GPU_DTYPES if d != "float16")
@@ -374,20 +458,12 @@ def _local_host(block, structure):
 
 def _local_device(block, structure):
     """A CuPy block's local labels (in its parent array) and summary, launched, not waited on."""
-    cp = cuda.cupy()
-    faces, lines = summary_layout(block.shape)
     if block.size == 0:
+        cp = cuda.cupy()
+        faces, lines = summary_layout(block.shape)
         return cp.zeros(block.shape, dtype=np.int32), cp.zeros(sum(faces) + lines, np.int32)
-    forest = _Forest(block, structure, block.size >= layout.INT32_MAX or
-                     layout.needs_index64(block))
-    labels = forest.write(forest.parent.reshape(block.shape))
-    summary = cp.empty(sum(faces) + lines, dtype=forest.index)
-    segments = len(faces) + 1
-    width = max(max(faces), lines)
-    kernel = cuda.function("label", f"label_summary<{forest.ctype}>")
-    kernel((min(_MAX_FLAT_BLOCKS, -(-width // _THREADS)), segments), (_THREADS,),
-           (labels, *forest.rank.args, summary, *forest.dims, np.int32(MAX_NDIM - block.ndim)))
-    return labels, summary
+    return _Forest(block, structure, block.size >= layout.INT32_MAX or
+                   layout.needs_index64(block)).write_summary()
 
 
 class _LocalLabels:
@@ -772,15 +848,14 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
         at = cp.empty(faces, dtype=np.int64)
         cuda.function("label", "label_face_init")(
             _flat_grid(faces), (_THREADS,), (order, sorted_keys, at, root, np.int64(faces)))
-        for planes, crossing in zip(device["planes"], _crossing(plan.structure)):
-            mask = _plane_offsets(crossing)
+        for planes, mask in zip(device["planes"], _unite_masks(plan.structure)):
             if planes is None or not mask or not planes[0].size:
                 continue
             low, high = planes
             dims = (low.shape[0],) + (1,) * (MAX_NDIM - low.ndim) + low.shape[1:]
             cuda.function("label", "label_face_unite")(
                 _flat_grid(low.size), (_THREADS,),
-                (low, high, keys, at, root, *(np.int64(n) for n in dims), np.uint32(mask)))
+                (low, high, keys, at, root, *(np.int64(n) for n in dims), mask))
         cuda.function("label", "label_face_roots")(
             _flat_grid(faces), (_THREADS,), (root, sorted_keys, away, np.int64(faces)))
     away = _Scan(away)
@@ -798,6 +873,18 @@ def most_labels(structure, shape) -> int:
     if not size or not structure[(1,) * (len(shape) - 1) + (2,)]:
         return size
     return size // shape[-1] * ((shape[-1] + 1) // 2)
+
+
+def _unite_masks(structure) -> list[np.uint32]:
+    """Per axis, ``label_face_unite``'s mask of the structure's offsets across a boundary."""
+    structure = np.ascontiguousarray(structure, dtype=bool)
+    return _unite_masks_of(structure.tobytes(), structure.shape)
+
+
+@functools.lru_cache(maxsize=64)
+def _unite_masks_of(raw: bytes, shape) -> list[np.uint32]:
+    structure = np.frombuffer(raw, dtype=bool).reshape(shape)
+    return [np.uint32(_plane_offsets(c)) for c in _crossing(structure)]
 
 
 def _plane_offsets(crossing) -> int:
@@ -820,7 +907,7 @@ class _DeviceNumbering:
         self.arrays = {"ends": ends, "raster": raster.values, "raster_offsets": raster.offsets,
                        "sorted": sorted_keys, "root": root, "away": away.values,
                        "away_offsets": away.offsets}
-        self.segs = (raster.seg, away.seg)
+        self.segs = (np.int64(raster.seg), np.int64(away.seg))
         self.total = total
         self.structure = plan.structure
         self._copies = {}
@@ -835,24 +922,52 @@ class _DeviceNumbering:
             self._copies[device] = {k: cp.asarray(v) for k, v in self.arrays.items()}
         return self._copies[device]
 
-    def table(self, b, shape, dtype):
-        """Block ``b``'s lookup table, local to global label, on the current device, for a block
-        of ``shape``: entries ``0..most_labels(structure, shape)``, those past its labels unset
-        (the host does not know how many it has)."""
+    def relabel(self, b, labels, dtype):
+        """Block ``b``'s labels (C-ordered local labels on the current device) in the global
+        numbering, as a new array of ``dtype``: its lookup table from local to global labels
+        (``label_renumber``: entries ``0..most_labels(structure, shape)``, those past its labels
+        unset, since the host does not know how many it has), then one lookup per pixel."""
         cp = cuda.cupy()
-        bound = most_labels(self.structure, shape)
-        layout = _layout(self.shape, self.chunks)
+        plan = _relabel_plan(labels.device.id, self.shape, self.chunks, b, labels.shape,
+                             labels.dtype, np.dtype(dtype), most_labels(self.structure, labels.shape))
         a = self._here()
-        s0, s1 = layout.first[b], layout.first[b + 1]
-        table = cp.empty(bound + 1, dtype=dtype)
-        grid = min(_flat_grid(bound + 1)[0], 4 * cuda.sm_count(cp.cuda.runtime.getDevice()))
-        cuda.function("label", f"label_renumber<{cuda.cuda_type(dtype)}>")(
-            (grid,), (_THREADS,),
-            (a["ends"], a["raster"], a["raster_offsets"], np.int64(self.segs[0]),
-             layout.on_device()["segment"], np.int64(s0), np.int64(s1 - s0), a["sorted"],
-             a["root"], a["away"], a["away_offsets"], np.int64(self.segs[1]),
-             np.int64(len(a["sorted"])), table, np.int64(bound)))
-        return table
+        table = cp.empty(plan.table_size, dtype=dtype)
+        plan.renumber(plan.renumber_grid, (_THREADS,),
+                      (a["ends"], a["raster"], a["raster_offsets"], self.segs[0], plan.segment,
+                       plan.s0, plan.lines, a["sorted"], a["root"], a["away"], a["away_offsets"],
+                       self.segs[1], np.int64(len(a["sorted"])), table, plan.bound))
+        out = cp.empty(labels.shape, dtype=dtype)
+        if labels.size:
+            plan.lookup(plan.lookup_grid, (_THREADS,), (labels, table, out, plan.size))
+        return out
+
+
+class _RelabelPlan:
+    """What :meth:`_DeviceNumbering.relabel` launches for block ``b`` of a chunk grid on one
+    device, worked out once per grid: the kernels, grids and scalar arguments."""
+
+    __slots__ = ("renumber", "renumber_grid", "segment", "s0", "lines", "bound", "table_size",
+                 "lookup", "lookup_grid", "size")
+
+    def __init__(self, device, shape, chunks, b, bshape, labels_dtype, dtype, bound):
+        grid = _layout(shape, chunks)
+        s0, s1 = grid.first[b], grid.first[b + 1]
+        self.segment = grid.on_device()["segment"]
+        self.s0, self.lines = np.int64(s0), np.int64(s1 - s0)
+        self.bound, self.table_size = np.int64(bound), bound + 1
+        self.renumber_grid = (min(_flat_grid(bound + 1)[0], 4 * cuda.sm_count(device)),)
+        self.renumber = cuda.function("label", f"label_renumber<{cuda.cuda_type(dtype)}>")
+        size = math.prod(bshape)
+        self.size = np.int64(size)
+        self.lookup_grid = _flat_grid(size)
+        self.lookup = cuda.function("label", f"label_lookup<{cuda.cuda_type(labels_dtype)}, "
+                                             f"{cuda.cuda_type(dtype)}>")
+
+
+@functools.lru_cache(maxsize=1024)
+def _relabel_plan(device, shape, chunks, b, bshape, labels_dtype, dtype, bound) -> _RelabelPlan:
+    with cuda.cupy().cuda.Device(device):
+        return _RelabelPlan(device, shape, chunks, b, bshape, labels_dtype, dtype, bound)
 
 
 def _on_one_device(summaries) -> bool:
@@ -878,17 +993,8 @@ def _relabel(local, merged, b, dtype):
     """Step 3: block ``b``'s local labels through its lookup table, on the labels' device."""
     labels, summary = local
     if isinstance(merged, _DeviceNumbering):
-        cp = cuda.cupy()
         with labels.device:
-            table = merged.table(b, labels.shape, dtype)
-            labels = cp.ascontiguousarray(labels)
-            out = cp.empty(labels.shape, dtype=dtype)
-            if labels.size:
-                cuda.function("label", f"label_lookup<{cuda.cuda_type(labels.dtype)}, "
-                                       f"{cuda.cuda_type(dtype)}>")(
-                    _flat_grid(labels.size), (_THREADS,),
-                    (labels, table, out, np.int64(labels.size)))
-            return out
+            return merged.relabel(b, cuda.cupy().ascontiguousarray(labels), dtype)
     numbering, away, count = merged[0][b]
     lines = len(numbering) - 2 * away
     ends = summary[len(summary) - lines:]
@@ -1000,8 +1106,8 @@ SPEC = KernelSpec(
         "label_write<int, int>",
         "label_write<int, bool>",
         "label_write<long long, double>",
-        "label_summary<int>",
-        "label_summary<long long>",
+        "label_write_summary<int>",
+        "label_write_summary<long long>",
         "label_table<int, int>",
         "label_table<int, bool>",
         "label_table<int, unsigned char>",
