@@ -244,3 +244,30 @@ def test_scaling_on_gpus(tmp_path, capsys):
             chunk = unit["x".join(map(str, r["chunks"]))]
             assert 0 < r["memory"]["working"] < r["blocks"] * chunk, r
     assert (tmp_path / "scaling-throughput.png").read_bytes().startswith(PNG)
+
+
+def test_dask_alone_runs_the_same_graph_with_no_task_doing_work():
+    """bench.dask_alone: every key of the collections' graph is scheduled (persist gives the same
+    keys and chunks back), and none of the real task functions runs."""
+    import dask.array as da
+
+    from chunkernels import ndimage
+
+    calls = []
+
+    def counted(block):
+        calls.append(block.shape)
+        return block + 1
+
+    x = da.from_array(np.arange(64.0).reshape(8, 8), chunks=3)
+    y = x.map_blocks(counted, dtype=x.dtype)
+    calls.clear()  # map_blocks' meta inference called it on an empty block
+    labels, n = ndimage.label(x > 20)
+    run = bench.dask_alone(y, labels, n, scheduler="sync")
+    y2, labels2, n2 = run()
+    assert calls == []
+    assert y2.chunks == y.chunks and y2.name == y.name and labels2.chunks == labels.chunks
+    assert set(y2.__dask_graph__()) == set(y.__dask_keys__()[i][j] for i in range(3)
+                                           for j in range(3))
+    assert all(v is None for v in y2.__dask_graph__().values())
+    assert n2.name == n.name

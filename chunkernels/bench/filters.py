@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels.bench import MiB, device_info, gpu_median, wall_median
+from chunkernels.bench import MiB, dask_alone, device_info, gpu_median, wall_median
 
 GAUSS_SHAPE, GAUSS_SIGMA, GAUSS_CHUNK = (8192, 8192), 4.0, 2048
 CONV_SHAPE, CONV_TAPS = (2048, 2048), 15
@@ -101,6 +101,11 @@ def _gaussian(repeat: int) -> dict:
         _check(label, fn().compute(scheduler="threads"), expected)
         rows.append(_row(f"{label} {GAUSS_CHUNK}², persisted input", wall_median(
             fn, repeat), "wall, ends in a device sync"))
+    # Dask's own share of those runs: the same graph, every task a no-op
+    for suffix in (", threads", ", synchronous scheduler"):
+        rows.append(_row(f"(Dask alone{suffix}: the same graph, every task a no-op)", wall_median(
+            dask_alone(ndimage.gaussian_filter(dx, GAUSS_SIGMA), **SCHEDULER_OPTIONS[suffix]),
+            repeat), "wall"))
     t_copy = gpu_median(copy, repeat)
     return {"shape": list(GAUSS_SHAPE), "dtype": "float32", "sigma": GAUSS_SIGMA,
             "chunk": GAUSS_CHUNK, "copy_s": t_copy, "copy_mib": x.nbytes / MiB,
@@ -190,6 +195,9 @@ def _ratios(rows, t_copy):
     times = {r["impl"]: r["seconds"] for r in rows}
     first = next(r["seconds"] for r in rows if r["impl"].startswith("cupyx"))
     for r in rows:
+        if r["impl"].startswith("(Dask alone"):  # no kernel ran: nothing to compare
+            r["vs cupyx"] = r["of copy"] = None
+            continue
         peer = r["impl"].replace("chunkernels", "cupyx", 1)
         cupyx = times.get(peer, first) if r["impl"].startswith("chunkernels") else first
         r["vs cupyx"] = cupyx / r["seconds"]
@@ -204,7 +212,9 @@ def _markdown(r) -> str:
              f"float32 ({g['copy_mib']:.0f} MiB). Device copy of the same bytes: "
              f"{g['copy_s'] * 1e3:.3f} ms. \"× cupyx\": cupyx's time over this one; \"of copy\": "
              f"the copy's time over this one. Medians of {r['repeat']} runs unless the clock "
-             f"column says otherwise.", ""]
+             f"column says otherwise. \"Dask alone\": the chunked graph with every task "
+             f"replaced by a no-op, persisted: Dask's own share of the chunked rows on this host "
+             f"(building the graph, which those rows include, left out).", ""]
     if not g["dask_image"]:
         lines += ["dask-image is not installed here: its rows are left out.", ""]
     lines += _table(g["rows"], ())
@@ -222,6 +232,10 @@ def _table(rows, extra):
     lines = [head, "|---|---:|---|---:|---:|" + "---:|" * len(extra)]
     for row in rows:
         cells = "".join(f" {row[e]:.3g} |" for e in extra)
+        if row["vs cupyx"] is None:
+            lines.append(f"| {row['impl']} | {row['seconds'] * 1e3:.4g} | {row['clock']} | - | - |"
+                         + " - |" * len(extra))
+            continue
         lines.append(f"| {row['impl']} | {row['seconds'] * 1e3:.4g} | {row['clock']} | "
                      f"{row['vs cupyx']:.3g} | {100 * row['of copy']:.3g}% |{cells}")
     return lines

@@ -7,9 +7,10 @@ differently, are checked for the same partition and count), then timed: SciPy on
 array (once), ``cupyx.scipy.ndimage.label`` and chunkernels on the whole CuPy array (CUDA-event
 median, and wall clock since both read the count back), chunkernels on a persisted Dask array of
 2048² CuPy chunks (threaded scheduler, one thread, and the synchronous scheduler; wall clock
-ending in a device synchronisation, median),
-the merge of that run alone (on the device, and on the host from copies), and
-dask-image on NumPy chunks where it is installed.
+ending in a device synchronisation, median); where that run's time goes: Dask's own share (the
+same graph with every task a no-op, :func:`chunkernels.bench.dask_alone`) and the tasks' own
+(called one after another without a scheduler); the merge of that run alone (on the device, and
+on the host from copies); and dask-image on NumPy chunks where it is installed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels.bench import device_info, gpu_median, wall_median
+from chunkernels.bench import dask_alone, device_info, gpu_median, wall_median
 
 SIDE = 8192
 CHUNK = 2048
@@ -83,12 +84,38 @@ def run(args) -> dict:
         rows.append({"impl": f"{name} ({CHUNK}² chunks)",
                      "wall_s": wall_median(lambda: chunked(**kw), args.repeat)})
 
+    # where a chunked run's time goes: Dask's own share (the same graph, every task a no-op),
+    # and the tasks' own (called one after another, no scheduler)
+    labels, n = ndimage.label(dx)
+    for name, kw in (("synchronous scheduler", {"scheduler": "sync"}),
+                     ("threaded scheduler", {"scheduler": "threads"})):
+        rows.append({"impl": f"(Dask alone, {name}: the same graph, every task a no-op)",
+                     "wall_s": wall_median(dask_alone(labels, n, **kw), args.repeat)})
+    del labels, n
+    structure = K.check_structure(None, 2)
+    blocks = [dx.blocks[index].compute() for index in np.ndindex(*dx.numblocks)]
+    plan = K._MergePlan(dx.shape, dx.chunks, structure, np.dtype(np.int32))
+    local = K._LocalLabels(structure, False)
+
+    def tasks_alone():
+        results = [local(b) for b in blocks]
+        merged = K._merge_task(plan, results)
+        return [K._relabel(r, merged, b, plan.dtype) for b, r in enumerate(results)], \
+            K._count(merged)
+
+    tasks_labels, tasks_n = tasks_alone()
+    same(cp.concatenate([cp.concatenate(tasks_labels[i:i + dx.numblocks[1]], axis=1)
+                         for i in range(0, len(blocks), dx.numblocks[1])]), tasks_n,
+         "the label's tasks called without Dask")
+    del tasks_labels
+    rows.append({"impl": f"(the {2 * len(blocks) + 2} tasks alone, one after another, no "
+                         "scheduler)", "gpu_s": gpu_median(tasks_alone, args.repeat),
+                 "wall_s": wall_median(lambda: (tasks_alone(), sync()), args.repeat)})
+
     # the merge of that run on its own, from the summaries as the merge task receives them: on
     # the device (where the graph merges them), and copied to the host (the path of NumPy
     # chunks and of blocks spread over several devices)
-    blocks = [dx.blocks[index].compute() for index in np.ndindex(*dx.numblocks)]
-    summaries = [K._local_device(b, K.check_structure(None, 2))[1] for b in blocks]
-    plan = K._MergePlan(dx.shape, dx.chunks, K.check_structure(None, 2), np.int32)
+    summaries = [K._local_device(b, structure)[1] for b in blocks]
     rows.append({"impl": f"(of which: the merge of the {len(blocks)} summaries, on the device)",
                  "wall_s": wall_median(lambda: (K.merge_device(plan, summaries), sync()),
                                        args.repeat)})
@@ -131,7 +158,9 @@ def _markdown(r) -> str:
              f"{r['shape'][0]}×{r['shape'][1]} bool image, {r['foreground']:.0%} foreground, "
              f"{r['features']} features (4-connectivity). Labels checked against SciPy's before "
              "timing. GPU: median of CUDA-event timings; wall: median wall clock ending in a "
-             "device synchronisation.", "",
+             "device synchronisation. \"Dask alone\": the chunked graph with every task replaced "
+             "by a no-op, persisted (building the graph left out); \"the tasks alone\": the "
+             "chunked run's task functions called one after another in one thread.", "",
              "| implementation | GPU (ms) | wall (ms) |", "|---|---:|---:|"]
     for row in r["rows"]:
         gpu = f"{row['gpu_s'] * 1e3:.2f}" if "gpu_s" in row else "-"
