@@ -30,6 +30,7 @@ O(blocks); a block refers to as many strip tasks as blocks its halo reaches.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
@@ -63,9 +64,6 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
     from dask._task_spec import List, Task, TaskRef
     from dask.highlevelgraph import HighLevelGraph
 
-    axes_pieces = [[None if plan is None else _pieces_along(plan) for plan in
-                    _axis_plan(chunks, d, b == "periodic")]
-                   for chunks, d, b in zip(x.chunks, depth, boundary)]
     inputs = [x, *ops]
     names = [a.name for a in inputs]
     # per input: its blocks in memory by block index, or None (referenced, cut by strip tasks)
@@ -75,30 +73,7 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
     lazy = any(blocks is None for blocks in held)
     # task arguments: plain tuples, unless they hold references Dask must resolve
     pack = (lambda items: List(*items)) if lazy else tuple
-
-    # what each source block must cut for others: {source index: {(start, stop) per axis: position}}
-    cuts: dict[tuple, dict[tuple, int]] = {}
-    targets = {}
-    for index in np.ndindex(*x.numblocks):
-        axes = [axes_pieces[a][i] for a, i in enumerate(index)]
-        if None in axes:  # an empty block: nothing to extend
-            targets[index] = None
-            continue
-        core_piece = tuple(entries[c] for entries, c, *_ in axes)
-        placements = []  # (source index, (start, stop) per axis, cut slices, destination slices)
-        for combo in itertools.product(*(entries for entries, *_ in axes)):
-            if combo != core_piece:
-                placements.append(tuple(zip(*combo)))
-        if lazy:
-            for source, cut, _, _ in placements:
-                wanted = cuts.setdefault(source, {})
-                wanted.setdefault(cut, len(wanted))
-        core_at = 0  # the pieces tile the buffer in C order of their segments, the core among them
-        for entries, c, *_ in axes:
-            core_at = core_at * len(entries) + c
-        plan = (tuple(a[2] for a in axes), tuple(a[3] for a in axes),
-                tuple(dest for *_, dest in placements), tuple(a[4] for a in axes), core_at)
-        targets[index] = (plan, placements)
+    targets, cuts = _plans(tuple(map(tuple, x.chunks)), tuple(depth), tuple(boundary), lazy)
 
     graph: dict = {}
     for source, wanted in cuts.items():
@@ -128,6 +103,41 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
     layer = HighLevelGraph.from_collections(
         name, graph, dependencies=[a for a, blocks in zip(inputs, held) if blocks is None])
     return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
+
+
+@functools.lru_cache(maxsize=64)
+def _plans(chunks, depth, boundary, lazy):
+    """Per block index of a grid of ``chunks``, its gather plan and placements (or None for an
+    empty block), and, when ``lazy``, what each source block must cut for the others:
+    ``{source index: {(start, stop) per axis: position}}``. Worked out once per grid, depth and
+    boundary (a pipeline's filters, or a series of images chunked alike, share them); the
+    results are shared, so they are never changed after."""
+    axes_pieces = [[None if plan is None else _pieces_along(plan) for plan in
+                    _axis_plan(c, d, b == "periodic")]
+                   for c, d, b in zip(chunks, depth, boundary)]
+    cuts: dict[tuple, dict[tuple, int]] = {}
+    targets = {}
+    for index in np.ndindex(*(len(c) for c in chunks)):
+        axes = [axes_pieces[a][i] for a, i in enumerate(index)]
+        if None in axes:  # an empty block: nothing to extend
+            targets[index] = None
+            continue
+        core_piece = tuple(entries[c] for entries, c, *_ in axes)
+        placements = []  # (source index, (start, stop) per axis, cut slices, destination slices)
+        for combo in itertools.product(*(entries for entries, *_ in axes)):
+            if combo != core_piece:
+                placements.append(tuple(zip(*combo)))
+        if lazy:
+            for source, cut, _, _ in placements:
+                wanted = cuts.setdefault(source, {})
+                wanted.setdefault(cut, len(wanted))
+        core_at = 0  # the pieces tile the buffer in C order of their segments, the core among them
+        for entries, c, *_ in axes:
+            core_at = core_at * len(entries) + c
+        plan = (tuple(a[2] for a in axes), tuple(a[3] for a in axes),
+                tuple(dest for *_, dest in placements), tuple(a[4] for a in axes), core_at)
+        targets[index] = (plan, tuple(placements))
+    return targets, cuts
 
 
 def _axis_plan(chunks: tuple[int, ...], depth: int, periodic: bool):
