@@ -154,20 +154,16 @@ __global__ void label_tiles(const T* __restrict__ x, I* __restrict__ parent,
     }
 }
 
-// -- 2. across tiles and planes --------------------------------------------------------------
-
-template <typename I>
-__global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const I n3,
-                            const unsigned long long structure)
+// The pixels one thread of a tile-grid launch covers (grid: tiles of the last axis along x, tile
+// rows along y, planes (i0, i1) along z; LABEL_TILE_X x LABEL_BLOCK_Y threads): visit(i0, i1,
+// row, col, r) for each pixel inside the array, r being its row within its tile.
+template <typename I, typename Visit>
+__device__ __forceinline__ void label_tile_pixels(const I n0, const I n1, const I n2, const I n3,
+                                                  Visit visit)
 {
-    const int tx = threadIdx.x;
-    const I col = (I)blockIdx.x * LABEL_TILE_X + tx;
+    const I col = (I)blockIdx.x * LABEL_TILE_X + threadIdx.x;
     const I tiles_y = (n2 + LABEL_TILE_Y - 1) / LABEL_TILE_Y;
     const I planes = n0 * n1;
-    const unsigned in_plane = (unsigned)(structure >> LABEL_PLANE_SHIFT) & 0xFu;
-    const unsigned long long cross = structure & LABEL_CROSS_MASK;
-    const bool left = tx == 0;
-    const bool right = tx == LABEL_TILE_X - 1;
     if (col >= n3) {
         return;
     }
@@ -178,48 +174,65 @@ __global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const
             const I row0 = by * LABEL_TILE_Y;
             for (int r = threadIdx.y; r < LABEL_TILE_Y; r += LABEL_BLOCK_Y) {
                 const I row = row0 + r;
-                const bool top = r == 0;
-                // inside a tile, every in-plane neighbour was joined by label_tiles
-                if (row >= n2 || (!cross && !top && !left && !right)) {
-                    continue;
-                }
-                const I p = (z * n2 + row) * n3 + col;
-                if (parent[p] < 0) {
-                    continue;
-                }
-                if ((in_plane & 1u) && (top || left) && row > 0 && col > 0 &&
-                    parent[p - n3 - 1] >= 0) {
-                    label_unite(parent, p, p - n3 - 1);
-                }
-                if ((in_plane & 2u) && top && row > 0 && parent[p - n3] >= 0) {
-                    label_unite(parent, p, p - n3);
-                }
-                if ((in_plane & 4u) && (top || right) && row > 0 && col + 1 < n3 &&
-                    parent[p - n3 + 1] >= 0) {
-                    label_unite(parent, p, p - n3 + 1);
-                }
-                if ((in_plane & 8u) && left && col > 0 && parent[p - 1] >= 0) {
-                    label_unite(parent, p, p - 1);
-                }
-                for (unsigned long long bits = cross; bits; bits &= bits - 1ull) {
-                    const int k = __ffsll((long long)bits) - 1;
-                    const I d0 = k / 27 - 1;
-                    const I d1 = (k / 9) % 3 - 1;
-                    const I d2 = (k / 3) % 3 - 1;
-                    const I d3 = k % 3 - 1;
-                    const I j0 = i0 + d0, j1 = i1 + d1, j2 = row + d2, j3 = col + d3;
-                    if (j0 < 0 || j0 >= n0 || j1 < 0 || j1 >= n1 || j2 < 0 || j2 >= n2 ||
-                        j3 < 0 || j3 >= n3) {
-                        continue;
-                    }
-                    const I q = ((j0 * n1 + j1) * n2 + j2) * n3 + j3;
-                    if (parent[q] >= 0) {
-                        label_unite(parent, p, q);
-                    }
+                if (row < n2) {
+                    visit(i0, i1, row, col, r);
                 }
             }
         }
     }
+}
+
+// -- 2. across tiles and planes --------------------------------------------------------------
+
+template <typename I>
+__global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const I n3,
+                            const unsigned long long structure)
+{
+    const unsigned in_plane = (unsigned)(structure >> LABEL_PLANE_SHIFT) & 0xFu;
+    const unsigned long long cross = structure & LABEL_CROSS_MASK;
+    const bool left = threadIdx.x == 0;
+    const bool right = threadIdx.x == LABEL_TILE_X - 1;
+    label_tile_pixels(n0, n1, n2, n3, [&](const I i0, const I i1, const I row, const I col,
+                                          const int r) {
+        const bool top = r == 0;
+        // inside a tile, every in-plane neighbour was joined by label_tiles
+        if (!cross && !top && !left && !right) {
+            return;
+        }
+        const I p = ((i0 * n1 + i1) * n2 + row) * n3 + col;
+        if (parent[p] < 0) {
+            return;
+        }
+        if ((in_plane & 1u) && (top || left) && row > 0 && col > 0 && parent[p - n3 - 1] >= 0) {
+            label_unite(parent, p, p - n3 - 1);
+        }
+        if ((in_plane & 2u) && top && row > 0 && parent[p - n3] >= 0) {
+            label_unite(parent, p, p - n3);
+        }
+        if ((in_plane & 4u) && (top || right) && row > 0 && col + 1 < n3 &&
+            parent[p - n3 + 1] >= 0) {
+            label_unite(parent, p, p - n3 + 1);
+        }
+        if ((in_plane & 8u) && left && col > 0 && parent[p - 1] >= 0) {
+            label_unite(parent, p, p - 1);
+        }
+        for (unsigned long long bits = cross; bits; bits &= bits - 1ull) {
+            const int k = __ffsll((long long)bits) - 1;
+            const I d0 = k / 27 - 1;
+            const I d1 = (k / 9) % 3 - 1;
+            const I d2 = (k / 3) % 3 - 1;
+            const I d3 = k % 3 - 1;
+            const I j0 = i0 + d0, j1 = i1 + d1, j2 = row + d2, j3 = col + d3;
+            if (j0 < 0 || j0 >= n0 || j1 < 0 || j1 >= n1 || j2 < 0 || j2 >= n2 || j3 < 0 ||
+                j3 >= n3) {
+                continue;
+            }
+            const I q = ((j0 * n1 + j1) * n2 + j2) * n3 + j3;
+            if (parent[q] >= 0) {
+                label_unite(parent, p, q);
+            }
+        }
+    });
 }
 
 // -- 3. scans -----------------------------------------------------------------------------------
@@ -351,35 +364,16 @@ __global__ void label_flatten(I* parent, I* __restrict__ counts, I* __restrict__
 // thread reads its own parent before writing its label).
 
 template <typename I, typename O>
-__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 6) label_write(const I* parent, const I* __restrict__ counts,
-                            const I* __restrict__ offsets, const long long seg, O* out,
-                            const I n0, const I n1, const I n2, const I n3,
-                            const I o0, const I o1, const I o2, const I o3)
+__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 6)
+label_write(const I* parent, const I* __restrict__ counts, const I* __restrict__ offsets,
+            const long long seg, O* out, const I n0, const I n1, const I n2, const I n3,
+            const I o0, const I o1, const I o2, const I o3)
 {
-    const int tx = threadIdx.x;
-    const I col = (I)blockIdx.x * LABEL_TILE_X + tx;
-    const I tiles_y = (n2 + LABEL_TILE_Y - 1) / LABEL_TILE_Y;
-    const I planes = n0 * n1;
-    if (col >= n3) {
-        return;
-    }
-    for (I z = blockIdx.z; z < planes; z += gridDim.z) {
-        const I i0 = z / n1;
-        const I i1 = z - i0 * n1;
-        O* oz = out + i0 * o0 + i1 * o1;
-        for (I by = blockIdx.y; by < tiles_y; by += gridDim.y) {
-            const I row0 = by * LABEL_TILE_Y;
-            for (int r = threadIdx.y; r < LABEL_TILE_Y; r += LABEL_BLOCK_Y) {
-                const I row = row0 + r;
-                if (row >= n2) {
-                    continue;
-                }
-                const I v = parent[(z * n2 + row) * n3 + col];
-                oz[row * o2 + col * o3] =
-                    v < 0 ? O(0) : O(label_scanned(counts, offsets, seg, (long long)v));
-            }
-        }
-    }
+    label_tile_pixels(n0, n1, n2, n3, [&](const I i0, const I i1, const I row, const I col, int) {
+        const I v = parent[((i0 * n1 + i1) * n2 + row) * n3 + col];
+        out[i0 * o0 + i1 * o1 + row * o2 + col * o3] =
+            v < 0 ? O(0) : O(label_scanned(counts, offsets, seg, (long long)v));
+    });
 }
 
 // -- 6. a chunk's labels and what the chunked merge needs of it ----------------------------------
@@ -410,67 +404,48 @@ __device__ __noinline__ I label_summary_at(const int y, const int first_axis, co
 }
 
 template <typename I>
-__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 6) label_write_summary(I* parent, const I* __restrict__ counts,
-                                    const I* __restrict__ offsets, const long long seg,
-                                    I* __restrict__ summary,
-                                    const I n0, const I n1, const I n2, const I n3,
-                                    const int first_axis)
+__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 6)
+label_write_summary(I* parent, const I* __restrict__ counts, const I* __restrict__ offsets,
+                    const long long seg, I* __restrict__ summary,
+                    const I n0, const I n1, const I n2, const I n3, const int first_axis)
 {
-    const I planes = n0 * n1;
-    const I total = planes * n2 * n3;
-    const I col = (I)blockIdx.x * LABEL_TILE_X + threadIdx.x;
-    const I tiles_y = (n2 + LABEL_TILE_Y - 1) / LABEL_TILE_Y;
-    if (col >= n3) {
-        return;
-    }
-    for (I z = blockIdx.z; z < planes; z += gridDim.z) {
-        const I i0 = z / n1;
-        const I i1 = z - i0 * n1;
-        for (I by = blockIdx.y; by < tiles_y; by += gridDim.y) {
-            const I row0 = by * LABEL_TILE_Y;
-            for (int r = threadIdx.y; r < LABEL_TILE_Y; r += LABEL_BLOCK_Y) {
-                const I row = row0 + r;
-                if (row >= n2) {
-                    continue;
-                }
-                const I p = (z * n2 + row) * n3 + col;
-                const I v = parent[p];
-                const I label = v < 0 ? I(0) : I(label_scanned(counts, offsets, seg, (long long)v));
-                parent[p] = label;
-                if (col == n3 - 1) {
-                    const I lines_at = label_summary_at(2 * (4 - first_axis), first_axis, total,
-                                                        n0, n1, n2, n3);
-                    summary[lines_at + z * n2 + row] =
-                        I(label_scanned(counts, offsets, seg, (long long)p));
-                }
-                const I c[4] = {i0, i1, row, col};
-                const I n[4] = {n0, n1, n2, n3};
+    const I total = n0 * n1 * n2 * n3;
+    label_tile_pixels(n0, n1, n2, n3, [&](const I i0, const I i1, const I row, const I col, int) {
+        const I line = (i0 * n1 + i1) * n2 + row;
+        const I p = line * n3 + col;
+        const I v = parent[p];
+        const I label = v < 0 ? I(0) : I(label_scanned(counts, offsets, seg, (long long)v));
+        parent[p] = label;
+        if (col == n3 - 1) {
+            const I lines_at = label_summary_at(2 * (4 - first_axis), first_axis, total,
+                                                n0, n1, n2, n3);
+            summary[lines_at + line] = I(label_scanned(counts, offsets, seg, (long long)p));
+        }
+        const I c[4] = {i0, i1, row, col};
+        const I n[4] = {n0, n1, n2, n3};
 #pragma unroll
-                for (int a = 0; a < 4; ++a) {
-                    const bool low = c[a] == 0;
-                    const bool high = c[a] == n[a] - 1;
-                    if (a < first_axis || !(low || high)) {
-                        continue;
-                    }
-                    I e = 0;  // the pixel's place in the face: C order over the other axes
+        for (int a = 0; a < 4; ++a) {
+            const bool low = c[a] == 0;
+            const bool high = c[a] == n[a] - 1;
+            if (a < first_axis || !(low || high)) {
+                continue;
+            }
+            I e = 0;  // the pixel's place in the face: C order over the other axes
 #pragma unroll
-                    for (int b = 0; b < 4; ++b) {
-                        if (b != a) {
-                            e = e * n[b] + c[b];
-                        }
-                    }
-                    const int y = 2 * (a - first_axis);
-                    if (low) {
-                        summary[label_summary_at(y, first_axis, total, n0, n1, n2, n3) + e] = label;
-                    }
-                    if (high) {
-                        summary[label_summary_at(y + 1, first_axis, total, n0, n1, n2, n3) + e] =
-                            label;
-                    }
+            for (int b = 0; b < 4; ++b) {
+                if (b != a) {
+                    e = e * n[b] + c[b];
                 }
             }
+            const int y = 2 * (a - first_axis);
+            if (low) {
+                summary[label_summary_at(y, first_axis, total, n0, n1, n2, n3) + e] = label;
+            }
+            if (high) {
+                summary[label_summary_at(y + 1, first_axis, total, n0, n1, n2, n3) + e] = label;
+            }
         }
-    }
+    });
 }
 
 // -- 7. a block's lookup table, for the chunked relabel -----------------------------------------
