@@ -17,7 +17,7 @@ NumPy -> CPU tensor (``torch.from_numpy``)  no, except for negative strides and 
 ========================================  =========================================
 
 Streams: while a function runs on CUDA tensors, CuPy launches its kernels on PyTorch's current
-stream of the tensor's device (``cupy.cuda.ExternalStream``), so the work is ordered after
+stream of the tensor's device (a CuPy stream wrapping it), so the work is ordered after
 whatever PyTorch queued before the call and before whatever it queues after: no
 synchronisation is needed on either side.
 
@@ -101,9 +101,33 @@ def torch_stream(device):
     torch = _torch()
     index = device.index if device.index is not None else torch.cuda.current_device()
     with cp.cuda.Device(index):
-        stream = cp.cuda.ExternalStream(torch.cuda.current_stream(index).cuda_stream, index)
-        with stream:
+        with _cupy_stream(cp, torch.cuda.current_stream(index).cuda_stream, index):
             yield
+
+
+def _cupy_stream(cp, handle: int, device: int):
+    """A CuPy stream for the CUDA stream ``handle`` of ``device``, which another library owns.
+
+    CuPy 14 takes such streams through ``Stream.from_external`` and the CUDA stream protocol
+    (an object whose ``__cuda_stream__()`` gives ``(0, handle)``) and deprecates
+    ``ExternalStream``, which older CuPy releases need.
+    """
+    from_external = getattr(cp.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return cp.cuda.ExternalStream(handle, device)
+    return from_external(_StreamHandle(handle))
+
+
+class _StreamHandle:
+    """A raw CUDA stream handle, offered through the CUDA stream protocol."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
 
 
 def accepts_tensors(*names: str):
