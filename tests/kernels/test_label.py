@@ -641,7 +641,8 @@ def test_device_merge_numbers_like_scipy_without_leaving_the_device(shape, chunk
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n", [0, 1, 31, 255, 256, 257, 5000, 256 * 4096 + 1, 3_000_000])
+@pytest.mark.parametrize("n", [0, 1, 31, 255, 256, 257, 5000, 256 * 4096 + 1, 3_000_000,
+                               4096 * 4096 + 1])
 @pytest.mark.parametrize("dtype", ["int32", "int64"])
 def test_device_scan_matches_cumsum(n, dtype):
     """The labels' two-launch scan: local sums plus per-segment offsets give numpy.cumsum."""
