@@ -280,8 +280,7 @@ class _ForestPlan:
     allocations and its launches."""
 
     __slots__ = ("index", "ctype", "dims", "grid", "tiles", "tiles_args", "merge", "merge_args",
-                 "flatten", "scan", "size", "shape", "first_axis", "summary_size", "_writes",
-                 "_write_summary")
+                 "flatten", "shape", "first_axis", "summary_size", "_writes", "_write_summary")
 
     def __init__(self, x, structure, index64):
         self.index = np.int64 if index64 else np.int32
@@ -295,9 +294,7 @@ class _ForestPlan:
         self.merge = cuda.function("label", f"label_merge<{self.ctype}>")
         self.merge_args = (*self.dims, mask)
         self.flatten = cuda.function("label", f"label_flatten<{self.ctype}>")
-        self.size = x.size
         self.shape = x.shape
-        self.scan = _scan_plan(x.device.id, x.size, np.dtype(self.index))
         faces, lines = summary_layout(x.shape)
         self.first_axis = np.int32(MAX_NDIM - x.ndim)
         self.summary_size = sum(faces) + lines
