@@ -105,7 +105,7 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
     return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # a plan holds a few tuples per block: keep the last few
 def _plans(chunks, depth, boundary, lazy):
     """Per block index of a grid of ``chunks``, its gather plan and placements (or None for an
     empty block), and, when ``lazy``, what each source block must cut for the others:
