@@ -8,6 +8,7 @@ trigger a recompile.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import re
 import sys
@@ -153,7 +154,8 @@ def _inline_includes(path: Path) -> str:
 
 
 def function(kernel: str, name_expression: str):
-    """The compiled CUDA function ``name_expression`` of registered kernel ``kernel``.
+    """The compiled CUDA function ``name_expression`` of registered kernel ``kernel``, a
+    :class:`Kernel` (launched like ``cupy.RawKernel``, holding the GIL).
 
     Compiles on first use for the current device and caches the result per device, so a Dask
     worker bound to GPU 3 compiles and runs on GPU 3. ``name_expression`` is a kernel entry name
@@ -169,7 +171,7 @@ def function(kernel: str, name_expression: str):
             if fn is None:
                 module = cp.RawModule(code=source(kernel), options=COMPILE_OPTIONS,
                                       name_expressions=[name_expression])
-                fn = _FUNCTIONS[key] = module.get_function(name_expression)
+                fn = _FUNCTIONS[key] = Kernel(module.get_function(name_expression))
     return fn
 
 
@@ -178,6 +180,149 @@ def forget(kernel: str) -> None:
     with _COMPILE_LOCK:
         for key in [k for k in _FUNCTIONS if k[1] == kernel]:
             del _FUNCTIONS[key]
+
+
+class Kernel:
+    """A compiled CUDA function on one device, launched like ``cupy.RawKernel``:
+    ``kernel(grid, block, args, shared_mem=0)`` on the current CuPy stream.
+
+    The launch holds the GIL. CuPy's releases it around ``cuLaunchKernel``, a call of a few
+    microseconds that does not block; under Dask's threaded scheduler every such release lets
+    another worker thread take the GIL, and the launching thread then waits to be woken to take
+    it back: per launch a thread wake-up, tens of microseconds on a busy host, against a launch
+    of a few. Holding the GIL for the call keeps a task's launches back to back. The arguments
+    (device arrays as their pointers, NumPy scalars, and Python ints and floats as CuPy passes
+    them) are packed into a buffer after the pointers to them that ``cuLaunchKernel`` takes.
+    Arguments of other types, a driver library not found under its Linux name, or
+    :data:`LAUNCH_HOLDS_GIL` set false: CuPy launches.
+    """
+
+    __slots__ = ("raw", "_ptr", "_packers", "_stream", "_launch")
+
+    def __init__(self, raw):
+        self.raw = raw
+        self._ptr = ctypes.c_void_p(raw.kernel.ptr)
+        self._stream = cupy().cuda.get_current_stream
+        self._launch = _driver_launch()
+        self._packers: dict[tuple, _Packer] = {}
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self.raw.max_dynamic_shared_size_bytes
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, nbytes: int) -> None:
+        self.raw.max_dynamic_shared_size_bytes = nbytes
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        launch = self._launch
+        packer = self._packers.get(tuple(map(type, args)), _UNSEEN)
+        if packer is _UNSEEN:
+            packer = self._packers[tuple(map(type, args))] = _Packer.of(args)
+        if packer is None or launch is None or not LAUNCH_HOLDS_GIL:
+            return self.raw(grid, block, args, shared_mem=shared_mem)
+        values = list(args)
+        for i in packer.arrays:
+            values[i] = values[i].data.ptr
+        try:
+            buffer, at = packer.local.slot
+        except AttributeError:
+            buffer, at = packer.buffer()
+        packer.values.pack_into(buffer, packer.start, *values)
+        grid, block = (*grid, 1, 1), (*block, 1, 1)
+        stream = self._stream().ptr or None  # None: the null stream (NULL)
+        if stream is not None:
+            stream = ctypes.c_void_p(stream)
+        status = launch(self._ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                        shared_mem, stream, at, None)
+        if status == _INVALID_CONTEXT:
+            # a thread that has made no CUDA runtime call has no current context yet (CuPy
+            # makes one for each launch); cudaFree(0) makes the device's the current one
+            cupy().cuda.runtime.free(0)
+            status = launch(self._ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
+                            shared_mem, stream, at, None)
+        if status:
+            raise cupy().cuda.driver.CUDADriverError(status)
+
+
+#: Whether :class:`Kernel` launches hold the GIL (see there); false launches through CuPy.
+LAUNCH_HOLDS_GIL = True
+
+
+class _Packer:
+    """How :class:`Kernel` passes arguments of struct ``codes``: a buffer per thread holding
+    ``cuLaunchKernel``'s ``kernelParams`` (a pointer to each argument, written once) followed by
+    the arguments, each at its C alignment and size (``values``, from ``start``). Device arrays
+    (at positions ``arrays``) are passed as their pointers."""
+
+    __slots__ = ("values", "arrays", "start", "offsets", "local")
+
+    @classmethod
+    def of(cls, args):
+        """The packer of arguments of the types of ``args``, or None if one is of a type it does
+        not pack (anything but CuPy arrays, NumPy integer, float and bool scalars, ints and
+        floats)."""
+        import numpy as np
+
+        cp = cupy()
+        codes, arrays = [], []
+        for i, t in enumerate(map(type, args)):
+            if issubclass(t, cp.ndarray):
+                codes.append("P")
+                arrays.append(i)
+            elif t in _SCALAR_CODES:
+                codes.append(_SCALAR_CODES[t])
+            elif issubclass(t, np.generic) and np.dtype(t).char in "bBhHiIlLqQfd?":
+                codes.append(np.dtype(t).char)
+            else:
+                return None
+        return cls(codes, arrays)
+
+    def __init__(self, codes, arrays):
+        import struct
+
+        self.values = struct.Struct("@" + "".join(codes))
+        self.arrays = tuple(arrays)
+        self.start = 8 * len(codes)  # the pointers; 8-aligned, so every argument stays aligned
+        # where argument i lies: struct aligns each field as C does
+        self.offsets = tuple(self.start + struct.calcsize("@" + "".join(codes[:i + 1])) -
+                             struct.calcsize("@" + codes[i]) for i in range(len(codes)))
+        self.local = threading.local()  # .slot: this thread's (buffer, its address)
+
+    def buffer(self) -> tuple:
+        """A new buffer for this thread, its pointers written, and its address (a
+        ``ctypes.c_void_p``); kept as ``local.slot``."""
+        buffer = ctypes.create_string_buffer(self.start + self.values.size)
+        at = ctypes.addressof(buffer)
+        for i, offset in enumerate(self.offsets):
+            ctypes.c_void_p.from_address(at + 8 * i).value = at + offset
+        self.local.slot = buffer, ctypes.c_void_p(at)
+        return self.local.slot
+
+
+_INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT
+
+# as CuPy passes Python scalars: int as long long, float as double
+_SCALAR_CODES = {int: "q", float: "d"}
+_UNSEEN = object()
+
+
+@functools.cache
+def _driver_launch():
+    """``cuLaunchKernel`` called through ``ctypes.PyDLL`` (which keeps the GIL), or None where
+    the driver library is not found under its Linux name.
+
+    No ``argtypes``: converting eleven arguments through them costs more than the rest of a
+    launch. The pointers (function, stream, parameters) are passed as ``ctypes.c_void_p`` or
+    None, the unsigned grid, block and shared-memory sizes as Python ints, which ctypes passes
+    as C ints: the same bits for values below 2**31."""
+    try:
+        driver = ctypes.PyDLL("libcuda.so.1")
+    except OSError:
+        return None
+    launch = driver.cuLaunchKernel
+    launch.restype = ctypes.c_int
+    return launch
 
 
 @functools.lru_cache(maxsize=64)
