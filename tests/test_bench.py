@@ -271,3 +271,21 @@ def test_dask_alone_runs_the_same_graph_with_no_task_doing_work():
                                            for j in range(3))
     assert all(v is None for v in y2.__dask_graph__().values())
     assert n2.name == n.name
+
+
+def test_launches_holding_gil_switches_and_restores():
+    """The benchmarks' comparison rows launch through CuPy inside the block; the library's
+    setting comes back after it, an exception included."""
+    from chunkernels import cuda
+    from chunkernels.bench import launches_holding_gil
+
+    assert cuda.LAUNCH_HOLDS_GIL
+    with launches_holding_gil(False):
+        assert not cuda.LAUNCH_HOLDS_GIL
+        with launches_holding_gil(True):
+            assert cuda.LAUNCH_HOLDS_GIL
+        assert not cuda.LAUNCH_HOLDS_GIL
+    assert cuda.LAUNCH_HOLDS_GIL
+    with pytest.raises(RuntimeError), launches_holding_gil(False):
+        raise RuntimeError("a failed run")
+    assert cuda.LAUNCH_HOLDS_GIL

@@ -395,6 +395,19 @@ def wall_median(fn: Callable, repeat: int, warmup: int = 2,
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def launches_holding_gil(hold: bool) -> Iterator[None]:
+    """Inside the block, kernels launch holding the GIL (``hold``, the library's way: see
+    :class:`chunkernels.cuda.Kernel`) or through CuPy, releasing it around each launch: the
+    benchmarks' rows that measure what holding it changes."""
+    before = cuda.LAUNCH_HOLDS_GIL
+    cuda.LAUNCH_HOLDS_GIL = hold
+    try:
+        yield
+    finally:
+        cuda.LAUNCH_HOLDS_GIL = before
+
+
 def dask_alone(*collections, **options) -> Callable[[], object]:
     """A run of the graph of Dask ``collections`` as it is, with every task's function replaced
     by one that returns at once: what Dask's own work on that graph costs on this host

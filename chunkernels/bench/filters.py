@@ -19,19 +19,23 @@ import time
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels.bench import MiB, dask_alone, device_info, gpu_median, wall_median
+from chunkernels.bench import (MiB, dask_alone, device_info, gpu_median, launches_holding_gil,
+                               wall_median)
 
 GAUSS_SHAPE, GAUSS_SIGMA, GAUSS_CHUNK = (8192, 8192), 4.0, 2048
 CONV_SHAPE, CONV_TAPS = (2048, 2048), 15
 #: Dask options of the chunked chunkernels runs (label suffix: options of ``dask.persist``): the
 #: threaded scheduler with its default pool, with one thread, and handing its threads 16 ready
 #: tasks at a time; and the synchronous scheduler, one host thread launching every block, which
-#: docs/gpus.md recommends for one GPU in one process.
+#: docs/gpus.md recommends for one GPU in one process. ``hold_gil=False``: the kernels launch
+#: through CuPy, which releases the GIL (:func:`chunkernels.bench.launches_holding_gil`).
 SCHEDULER_OPTIONS = {
     ", threads": {"scheduler": "threads"},
     ", 1 thread": {"scheduler": "threads", "num_workers": 1},
     ", threads, chunksize 16": {"scheduler": "threads", "chunksize": 16},
     ", synchronous scheduler": {"scheduler": "sync"},
+    ", threads, CuPy's launches": {"scheduler": "threads", "hold_gil": False},
+    ", synchronous scheduler, CuPy's launches": {"scheduler": "sync", "hold_gil": False},
 }
 #: Calls of the back-to-back convolve2d rows.
 BACK_TO_BACK = 20
@@ -78,10 +82,12 @@ def _gaussian(repeat: int) -> dict:
     x = cp.asarray(host)
     dx = da.from_array(x, chunks=chunks, asarray=False).persist()
 
-    def chunked(filter_fn, **options):
+    def chunked(filter_fn, hold_gil=True, **options):
         def go():
-            (z,) = dask.persist(filter_fn(dx, GAUSS_SIGMA), **{"scheduler": "threads", **options})
-            sync()
+            with launches_holding_gil(hold_gil):
+                (z,) = dask.persist(filter_fn(dx, GAUSS_SIGMA),
+                                    **{"scheduler": "threads", **options})
+                sync()
             return z
         return go
 

@@ -7,7 +7,8 @@ differently, are checked for the same partition and count), then timed: SciPy on
 array (once), ``cupyx.scipy.ndimage.label`` and chunkernels on the whole CuPy array (CUDA-event
 median, and wall clock since both read the count back), chunkernels on a persisted Dask array of
 2048² CuPy chunks (threaded scheduler, one thread, and the synchronous scheduler; wall clock
-ending in a device synchronisation, median); where that run's time goes: Dask's own share (the
+ending in a device synchronisation, median), and the same with the kernels launched through CuPy
+(releasing the GIL, where chunkernels holds it); where that run's time goes: Dask's own share (the
 same graph with every task a no-op, :func:`chunkernels.bench.dask_alone`) and the tasks' own
 (called one after another without a scheduler); the merge of that run alone (on the device, and
 on the host from copies); and dask-image on NumPy chunks where it is installed.
@@ -20,7 +21,8 @@ import time
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels.bench import dask_alone, device_info, gpu_median, wall_median
+from chunkernels.bench import (dask_alone, device_info, gpu_median, launches_holding_gil,
+                               wall_median)
 
 SIDE = 8192
 CHUNK = 2048
@@ -69,10 +71,11 @@ def run(args) -> dict:
 
     dx = da.from_array(image, chunks=CHUNK, asarray=False).persist()
 
-    def chunked(**kw):
-        labels, n = ndimage.label(dx)
-        labels, n = dask.persist(labels, n, **{"scheduler": "threads", **kw})
-        sync()
+    def chunked(hold_gil=True, **kw):
+        with launches_holding_gil(hold_gil):
+            labels, n = ndimage.label(dx)
+            labels, n = dask.persist(labels, n, **{"scheduler": "threads", **kw})
+            sync()
         return labels, n
 
     labels, n = chunked()
@@ -80,7 +83,10 @@ def run(args) -> dict:
     del labels
     for name, kw in (("chunkernels.ndimage.label, Dask of CuPy chunks", {}),
                      ("the same, one scheduler thread", {"num_workers": 1}),
-                     ("the same, synchronous scheduler", {"scheduler": "sync"})):
+                     ("the same, synchronous scheduler", {"scheduler": "sync"}),
+                     ("the same, threads, CuPy's launches", {"hold_gil": False}),
+                     ("the same, synchronous, CuPy's launches",
+                      {"scheduler": "sync", "hold_gil": False})):
         rows.append({"impl": f"{name} ({CHUNK}² chunks)",
                      "wall_s": wall_median(lambda: chunked(**kw), args.repeat)})
 
@@ -160,7 +166,9 @@ def _markdown(r) -> str:
              "timing. GPU: median of CUDA-event timings; wall: median wall clock ending in a "
              "device synchronisation. \"Dask alone\": the chunked graph with every task replaced "
              "by a no-op, persisted (building the graph left out); \"the tasks alone\": the "
-             "chunked run's task functions called one after another in one thread.", "",
+             "chunked run's task functions called one after another in one thread; \"CuPy's "
+             "launches\": the kernels launched through CuPy, which releases the GIL around each "
+             "launch (chunkernels holds it).", "",
              "| implementation | GPU (ms) | wall (ms) |", "|---|---:|---:|"]
     for row in r["rows"]:
         gpu = f"{row['gpu_s'] * 1e3:.2f}" if "gpu_s" in row else "-"
