@@ -191,8 +191,8 @@ class Kernel:
     another worker thread take the GIL, and the launching thread then waits to be woken to take
     it back: per launch a thread wake-up, tens of microseconds on a busy host, against a launch
     of a few. Holding the GIL for the call keeps a task's launches back to back. The arguments
-    (device arrays as their pointers, NumPy scalars, and Python ints and floats as CuPy passes
-    them) are packed into a buffer after the pointers to them that ``cuLaunchKernel`` takes.
+    (device arrays as their pointers, NumPy scalars, NumPy arrays as structs passed by value,
+    and Python ints and floats, as CuPy passes them) are packed into a buffer after the pointers to them that ``cuLaunchKernel`` takes.
     Arguments of other types, a driver library not found under its Linux name, or
     :data:`LAUNCH_HOLDS_GIL` set false: CuPy launches.
     """
@@ -224,6 +224,10 @@ class Kernel:
         values = list(args)
         for i in packer.arrays:
             values[i] = values[i].data.ptr
+        for i, nbytes in packer.blobs:
+            if values[i].nbytes != nbytes:  # a struct of another size than the packer's
+                return self.raw(grid, block, args, shared_mem=shared_mem)
+            values[i] = values[i].tobytes()
         try:
             buffer, at = packer.local.slot
         except AttributeError:
@@ -252,37 +256,43 @@ LAUNCH_HOLDS_GIL = True
 class _Packer:
     """How :class:`Kernel` passes arguments of struct ``codes``: a buffer per thread holding
     ``cuLaunchKernel``'s ``kernelParams`` (a pointer to each argument, written once) followed by
-    the arguments, each at its C alignment and size (``values``, from ``start``). Device arrays
-    (at positions ``arrays``) are passed as their pointers."""
+    the arguments, each at its C alignment and size (``values``, from ``start``; the driver
+    copies each from its pointer to where the kernel's parameters lie). Device arrays (at
+    positions ``arrays``) are passed as their pointers, NumPy arrays (``blobs``: positions and
+    sizes) by value as their bytes, as CuPy passes a struct argument."""
 
-    __slots__ = ("values", "arrays", "start", "offsets", "local")
+    __slots__ = ("values", "arrays", "blobs", "start", "offsets", "local")
 
     @classmethod
     def of(cls, args):
         """The packer of arguments of the types of ``args``, or None if one is of a type it does
-        not pack (anything but CuPy arrays, NumPy integer, float and bool scalars, ints and
-        floats)."""
+        not pack (anything but CuPy arrays, NumPy arrays passed by value, NumPy integer, float
+        and bool scalars, ints and floats)."""
         import numpy as np
 
         cp = cupy()
-        codes, arrays = [], []
-        for i, t in enumerate(map(type, args)):
+        codes, arrays, blobs = [], [], []
+        for i, (a, t) in enumerate(zip(args, map(type, args))):
             if issubclass(t, cp.ndarray):
                 codes.append("P")
                 arrays.append(i)
+            elif t is np.ndarray:  # a struct passed by value, as its bytes
+                codes.append(f"{a.nbytes}s")
+                blobs.append((i, a.nbytes))
             elif t in _SCALAR_CODES:
                 codes.append(_SCALAR_CODES[t])
             elif issubclass(t, np.generic) and np.dtype(t).char in "bBhHiIlLqQfd?":
                 codes.append(np.dtype(t).char)
             else:
                 return None
-        return cls(codes, arrays)
+        return cls(codes, arrays, blobs)
 
-    def __init__(self, codes, arrays):
+    def __init__(self, codes, arrays, blobs):
         import struct
 
         self.values = struct.Struct("@" + "".join(codes))
         self.arrays = tuple(arrays)
+        self.blobs = tuple(blobs)
         self.start = 8 * len(codes)  # the pointers; 8-aligned, so every argument stays aligned
         # where argument i lies: struct aligns each field as C does
         self.offsets = tuple(self.start + struct.calcsize("@" + "".join(codes[:i + 1])) -

@@ -98,6 +98,21 @@ def test_arguments_reach_the_driver_as_the_kernel_reads_them(driver):
         [v for _, v in want]
 
 
+def test_a_numpy_array_is_passed_by_value_as_its_bytes(driver):
+    """As CuPy passes a struct (the halo gather's plan): the array's bytes, copied at launch;
+    an array of another size than the first launch's goes through CuPy."""
+    raw = _Raw()
+    kernel = cuda.Kernel(raw)
+    words = np.arange(5, dtype=np.int64)
+    kernel((1,), (32,), (_Array(0x10), words.view(np.dtype((np.void, 40))), np.int32(3)))
+    params = driver.launches[-1]["params"]
+    at = ctypes.c_void_p.from_address(params + 8).value
+    assert ctypes.string_at(at, 40) == words.tobytes()
+    assert _argument(params, 2, ctypes.c_int32) == 3
+    kernel((1,), (32,), (_Array(0x10), np.zeros(1, np.dtype((np.void, 48))), np.int32(3)))
+    assert len(driver.launches) == 1 and len(raw.calls) == 1
+
+
 def test_each_launch_packs_its_own_values(driver):
     """The buffer is reused per thread: a second launch's values replace the first's."""
     kernel = cuda.Kernel(_Raw())
