@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import re
 import sys
 import threading
@@ -250,7 +251,10 @@ class Kernel:
 
 
 #: Whether :class:`Kernel` launches hold the GIL (see there); false launches through CuPy.
-LAUNCH_HOLDS_GIL = True
+#: The environment variable ``CHUNKERNELS_LAUNCH_HOLDS_GIL=0`` sets it false in every process
+#: that imports chunkernels (Dask workers included).
+LAUNCH_HOLDS_GIL = os.environ.get("CHUNKERNELS_LAUNCH_HOLDS_GIL", "1").lower() not in (
+    "0", "false", "no", "off")
 
 
 class _Packer:

@@ -209,3 +209,17 @@ def test_driver_launch_matches_cupy_launch_on_the_device():
     kernel((1,), (1,), (*args, got))
     np.testing.assert_array_equal(got.get(), [1, -3, 2.5, -7, 1, 5, 0.25, -300, 41])
     np.testing.assert_array_equal(got.get(), want.get())
+
+
+@pytest.mark.parametrize("value, holds", [("0", False), ("false", False), ("OFF", False),
+                                          ("1", True), ("yes", True)])
+def test_the_environment_variable_switches_it_off(value, holds):
+    """CHUNKERNELS_LAUNCH_HOLDS_GIL reaches every process that imports chunkernels (Dask's
+    worker processes too): checked in a fresh interpreter."""
+    import os
+    import subprocess
+
+    code = "import chunkernels.cuda as c; print(c.LAUNCH_HOLDS_GIL)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "CHUNKERNELS_LAUNCH_HOLDS_GIL": value})
+    assert out.stdout.strip() == str(holds)
