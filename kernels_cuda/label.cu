@@ -88,6 +88,7 @@ label_tiles(const T* __restrict__ x, I* __restrict__ parent,
             const unsigned long long structure)
 {
     __shared__ int tile[LABEL_TILE_Y * LABEL_TILE_X];
+    __shared__ unsigned rows[LABEL_TILE_Y];  // per tile row, its foreground lanes
     const int tx = threadIdx.x;
     const I col = (I)blockIdx.x * LABEL_TILE_X + tx;
     const I tiles_y = (n2 + LABEL_TILE_Y - 1) / LABEL_TILE_Y;
@@ -115,23 +116,47 @@ label_tiles(const T* __restrict__ x, I* __restrict__ parent,
                     start = gaps ? 32 - __clz(gaps) : 0;
                 }
                 tile[t] = fg ? r * LABEL_TILE_X + start : -1;
+                if (tx == 0) {
+                    rows[r] = row_mask;
+                }
             }
             __syncthreads();
             if (in_plane & 7u) {
-                for (int r = threadIdx.y; r < LABEL_TILE_Y; r += LABEL_BLOCK_Y) {
-                    const int t = r * LABEL_TILE_X + tx;
-                    if (tile[t] < 0) {
+                for (int r = threadIdx.y + (threadIdx.y == 0 ? LABEL_BLOCK_Y : 0);
+                     r < LABEL_TILE_Y; r += LABEL_BLOCK_Y) {
+                    const unsigned here = rows[r], above = rows[r - 1], bit = 1u << tx;
+                    if (!(here & bit)) {
                         continue;
                     }
-                    // background stays -1 and foreground stays >= 0 while parents change
-                    if ((in_plane & 1u) && r > 0 && tx > 0 && tile[t - LABEL_TILE_X - 1] >= 0) {
+                    const int t = r * LABEL_TILE_X + tx;
+                    const bool up = above & bit;
+                    const bool left = here & (bit >> 1), right = here & (bit << 1);
+                    const bool up_left = above & (bit >> 1), up_right = above & (bit << 1);
+                    if ((in_plane & 8u) && (in_plane == 10u || in_plane == 15u)) {
+                        // Runs along the row share a root already: join each run to each run
+                        // above it that it touches once, not once per touching pixel. The
+                        // 4-connected pair meets first where neither run extends left of the
+                        // overlap; 8-connected, a run touching an above run only diagonally
+                        // does so at its first pixel (up-left) or its last (up-right).
+                        if (up && !(left && up_left)) {
+                            label_unite(tile, t, t - LABEL_TILE_X);
+                        } else if (in_plane == 15u && !up) {
+                            if (!left && up_left) {
+                                label_unite(tile, t, t - LABEL_TILE_X - 1);
+                            }
+                            if (!right && up_right) {
+                                label_unite(tile, t, t - LABEL_TILE_X + 1);
+                            }
+                        }
+                        continue;
+                    }
+                    if ((in_plane & 1u) && up_left) {
                         label_unite(tile, t, t - LABEL_TILE_X - 1);
                     }
-                    if ((in_plane & 2u) && r > 0 && tile[t - LABEL_TILE_X] >= 0) {
+                    if ((in_plane & 2u) && up) {
                         label_unite(tile, t, t - LABEL_TILE_X);
                     }
-                    if ((in_plane & 4u) && r > 0 && tx < LABEL_TILE_X - 1 &&
-                        tile[t - LABEL_TILE_X + 1] >= 0) {
+                    if ((in_plane & 4u) && up_right) {
                         label_unite(tile, t, t - LABEL_TILE_X + 1);
                     }
                 }
@@ -206,15 +231,35 @@ __global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const
         if (parent[p] < 0) {
             return;
         }
-        if ((in_plane & 1u) && (top || left) && row > 0 && col > 0 && parent[p - n3 - 1] >= 0) {
-            label_unite(parent, p, p - n3 - 1);
-        }
-        if ((in_plane & 2u) && top && row > 0 && parent[p - n3] >= 0) {
-            label_unite(parent, p, p - n3);
-        }
-        if ((in_plane & 4u) && (top || right) && row > 0 && col + 1 < n3 &&
-            parent[p - n3 + 1] >= 0) {
-            label_unite(parent, p, p - n3 + 1);
+        if (top && row > 0 && (in_plane & 8u) && (in_plane == 10u || in_plane == 15u)) {
+            // a tile's top row against the row above, joined once per pair of touching runs
+            // as in label_tiles (the runs now reach across tiles: the left pixel may be the
+            // last of the tile to the left, whose own top row does the same)
+            const bool up = parent[p - n3] >= 0;
+            const bool before = col > 0 && parent[p - 1] >= 0;
+            const bool up_left = col > 0 && parent[p - n3 - 1] >= 0;
+            if (up && !(before && up_left)) {
+                label_unite(parent, p, p - n3);
+            } else if (in_plane == 15u && !up) {
+                if (!before && up_left) {
+                    label_unite(parent, p, p - n3 - 1);
+                }
+                if (col + 1 < n3 && parent[p + 1] < 0 && parent[p - n3 + 1] >= 0) {
+                    label_unite(parent, p, p - n3 + 1);
+                }
+            }
+        } else {
+            if ((in_plane & 1u) && (top || left) && row > 0 && col > 0 &&
+                parent[p - n3 - 1] >= 0) {
+                label_unite(parent, p, p - n3 - 1);
+            }
+            if ((in_plane & 2u) && top && row > 0 && parent[p - n3] >= 0) {
+                label_unite(parent, p, p - n3);
+            }
+            if ((in_plane & 4u) && (top || right) && row > 0 && col + 1 < n3 &&
+                parent[p - n3 + 1] >= 0) {
+                label_unite(parent, p, p - n3 + 1);
+            }
         }
         if ((in_plane & 8u) && left && col > 0 && parent[p - 1] >= 0) {
             label_unite(parent, p, p - 1);
