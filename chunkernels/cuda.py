@@ -203,7 +203,7 @@ class Kernel:
     def __init__(self, raw):
         self.raw = raw
         self._ptr = ctypes.c_void_p(raw.kernel.ptr)
-        self._stream = cupy().cuda.get_current_stream
+        self._stream = _current_stream_ptr()
         self._launch = _driver_launch()
         self._packers: dict[tuple, _Packer] = {}
 
@@ -235,7 +235,7 @@ class Kernel:
             buffer, at = packer.buffer()
         packer.values.pack_into(buffer, packer.start, *values)
         grid, block = (*grid, 1, 1), (*block, 1, 1)
-        stream = self._stream().ptr or None  # None: the null stream (NULL)
+        stream = self._stream() or None  # None: the null stream (NULL)
         if stream is not None:
             stream = ctypes.c_void_p(stream)
         status = launch(self._ptr, grid[0], grid[1], grid[2], block[0], block[1], block[2],
@@ -319,6 +319,17 @@ _INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT
 # as CuPy passes Python scalars: int as long long, float as double
 _SCALAR_CODES = {int: "q", float: "d"}
 _UNSEEN = object()
+
+
+def _current_stream_ptr():
+    """A function giving the current CuPy stream's handle: CuPy's own (what its launches call),
+    else one through ``get_current_stream``."""
+    cp = cupy()
+    ptr = getattr(getattr(cp.cuda, "stream", None), "get_current_stream_ptr", None)
+    if ptr is not None:
+        return ptr
+    current = cp.cuda.get_current_stream
+    return lambda: current().ptr
 
 
 @functools.cache

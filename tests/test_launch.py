@@ -223,3 +223,22 @@ def test_the_environment_variable_switches_it_off(value, holds):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "CHUNKERNELS_LAUNCH_HOLDS_GIL": value})
     assert out.stdout.strip() == str(holds)
+
+
+@pytest.mark.gpu
+def test_launches_go_to_the_current_stream():
+    """Kernel launches on CuPy's current stream (a stream made current with ``with``, and the
+    null stream), as CuPy's own launches do; results read back on that stream."""
+    cp = cuda.cupy()
+    assert cuda._current_stream_ptr()() == cp.cuda.get_current_stream().ptr
+    kernel = cuda.Kernel(cp.RawKernel(_ECHO, "echo"))
+    x = cp.arange(4, dtype=cp.float32)
+    args = (x, np.int8(1), np.float64(2), np.int32(3), np.bool_(False), np.uint64(0),
+            np.float32(4), np.int16(5), 6)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        assert cuda._current_stream_ptr()() == stream.ptr != 0
+        out = cp.zeros(9, dtype=cp.float64)
+        kernel((1,), (1,), (*args, out))
+        got = out.get(stream=stream)
+    np.testing.assert_array_equal(got, [1, 1, 2, 3, 0, 0, 4, 5, 6])
