@@ -11,7 +11,8 @@
 // atomics are only needed along tile borders and across planes:
 //
 //   label_tiles    tile-local union-find in shared memory (rows linked by a warp ballot
-//                  first); every pixel gets its tile root
+//                  first, then each pair of touching runs joined once); every pixel gets its
+//                  tile root
 //   label_merge    unions across tile borders (and across leading axes) in global memory
 //   label_flatten  path compression; flags the roots (pixels that are their own parent) and
 //                  scans the flags per segment; label_scan_offsets finishes the scan: the rank
