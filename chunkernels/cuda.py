@@ -12,6 +12,7 @@ import ctypes
 import functools
 import os
 import re
+import struct
 import sys
 import threading
 from pathlib import Path
@@ -191,21 +192,25 @@ class Kernel:
     microseconds that does not block; under Dask's threaded scheduler every such release lets
     another worker thread take the GIL, and the launching thread then waits to be woken to take
     it back: per launch a thread wake-up, tens of microseconds on a busy host, against a launch
-    of a few. Holding the GIL for the call keeps a task's launches back to back. The arguments
-    (device arrays as their pointers, NumPy scalars, NumPy arrays as structs passed by value,
-    and Python ints and floats, as CuPy passes them) are packed into a buffer after the pointers to them that ``cuLaunchKernel`` takes.
-    Arguments of other types, a driver library not found under its Linux name, or
-    :data:`LAUNCH_HOLDS_GIL` set false: CuPy launches.
+    of a few. Holding the GIL for the call keeps a task's launches back to back.
+
+    The arguments are packed into a buffer after the pointers to them that ``cuLaunchKernel``
+    takes, in the layout the first launch's arguments give (a compiled function's parameters
+    do not change): device arrays as their pointers, NumPy arrays as structs passed by value,
+    NumPy scalars, and Python ints and floats, as CuPy passes them. A scalar of another width
+    than the first launch's is packed at that width, the parameter's. Arguments of other
+    kinds (at the first launch: for good; later: for that launch), a driver library not found
+    under its Linux name, or :data:`LAUNCH_HOLDS_GIL` set false: CuPy launches.
     """
 
-    __slots__ = ("raw", "_ptr", "_packers", "_stream", "_launch")
+    __slots__ = ("raw", "_ptr", "_packer", "_stream", "_launch")
 
     def __init__(self, raw):
         self.raw = raw
         self._ptr = ctypes.c_void_p(raw.kernel.ptr)
         self._stream = _current_stream_ptr()
         self._launch = _driver_launch()
-        self._packers: dict[tuple, _Packer] = {}
+        self._packer = _UNSEEN  # made at the first launch
 
     @property
     def max_dynamic_shared_size_bytes(self) -> int:
@@ -216,24 +221,28 @@ class Kernel:
         self.raw.max_dynamic_shared_size_bytes = nbytes
 
     def __call__(self, grid, block, args, shared_mem=0):
-        launch = self._launch
-        packer = self._packers.get(tuple(map(type, args)), _UNSEEN)
+        packer = self._packer
         if packer is _UNSEEN:
-            packer = self._packers[tuple(map(type, args))] = _Packer.of(args)
-        if packer is None or launch is None or not LAUNCH_HOLDS_GIL:
+            packer = self._packer = _Packer.of(args) if self._launch is not None else None
+        if packer is None or not LAUNCH_HOLDS_GIL:
             return self.raw(grid, block, args, shared_mem=shared_mem)
-        values = list(args)
-        for i in packer.arrays:
-            values[i] = values[i].data.ptr
-        for i, nbytes in packer.blobs:
-            if values[i].nbytes != nbytes:  # a struct of another size than the packer's
-                return self.raw(grid, block, args, shared_mem=shared_mem)
-            values[i] = values[i].tobytes()
         try:
-            buffer, at = packer.local.slot
-        except AttributeError:
-            buffer, at = packer.buffer()
-        packer.values.pack_into(buffer, packer.start, *values)
+            values = list(args)
+            for i in packer.arrays:
+                values[i] = values[i].data.ptr
+            for i, nbytes in packer.blobs:
+                if values[i].nbytes != nbytes:
+                    raise ValueError("a struct of another size")
+                values[i] = values[i].tobytes()
+            try:
+                buffer, at = packer.local.slot
+            except AttributeError:
+                buffer, at = packer.buffer()
+            packer.values.pack_into(buffer, packer.start, *values)
+        except (AttributeError, TypeError, ValueError, struct.error):
+            # not the first launch's kinds of arguments: CuPy passes them as it does
+            return self.raw(grid, block, args, shared_mem=shared_mem)
+        launch = self._launch
         grid, block = (*grid, 1, 1), (*block, 1, 1)
         stream = self._stream() or None  # None: the null stream (NULL)
         if stream is not None:
@@ -292,8 +301,6 @@ class _Packer:
         return cls(codes, arrays, blobs)
 
     def __init__(self, codes, arrays, blobs):
-        import struct
-
         self.values = struct.Struct("@" + "".join(codes))
         self.arrays = tuple(arrays)
         self.blobs = tuple(blobs)

@@ -165,6 +165,23 @@ def test_other_argument_types_and_the_switch_go_through_cupy(driver, monkeypatch
     assert raw.calls[-1][3] == 8
 
 
+def test_later_launches_are_packed_as_the_first(driver):
+    """A compiled function's parameters are fixed: the first launch's arguments give the
+    layout. A scalar of another width is packed at the parameter's; an argument of another
+    kind (no array where the first launch had one, an array for a scalar) goes through CuPy."""
+    raw = _Raw()
+    kernel = cuda.Kernel(raw)
+    kernel((1,), (32,), (_Array(0x10), np.int64(1), np.float32(0.5)))
+    kernel((1,), (32,), (_Array(0x20), np.int32(-2), 0.25))
+    params = driver.launches[-1]["params"]
+    assert _argument(params, 0, ctypes.c_void_p) == 0x20
+    assert _argument(params, 1, ctypes.c_int64) == -2
+    assert _argument(params, 2, ctypes.c_float) == 0.25
+    kernel((1,), (32,), (None, np.int64(1), np.float32(0.5)))
+    kernel((1,), (32,), (_Array(0x10), _Array(0x30), np.float32(0.5)))
+    assert len(driver.launches) == 2 and len(raw.calls) == 2
+
+
 def test_a_failed_launch_raises_the_driver_error(driver):
     driver.status["value"] = 701  # CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
     with pytest.raises(_DriverError):
