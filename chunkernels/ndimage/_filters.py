@@ -158,7 +158,9 @@ def gaussian_filter1d(input, sigma, axis=-1, order=0, output=None, mode="reflect
         raise S.FilterArgumentError(
             f"Radius must be a nonnegative integer: sigma={sigma} and truncate={truncate} give a "
             f"radius of {int(truncate * sigma + 0.5)}; give a positive sigma")
-    return _filter("gaussian_filter", input, output, sigma=sigma, order=order,
+    # scipy's gaussian_filter1d is a correlate1d, which makes a real output dtype complex for
+    # complex data (gaussian_filter refuses it)
+    return _filter("gaussian_filter", input, output, promotes=True, sigma=sigma, order=order,
                    mode=S.canonical_mode(mode), cval=cval, truncate=truncate, radius=radius,
                    axes=(axis,))
 
@@ -413,13 +415,18 @@ def as_input(input):
     return np.asarray(input)
 
 
-#: The filters whose weights may be complex; scipy promotes a real output dtype to complex (with
-#: a warning) for these, and refuses it for the others.
-_CORRELATIONS = frozenset({"correlate1d", "convolve1d", "correlate", "convolve"})
+#: The filters for which scipy promotes a real output dtype to complex (with a warning) when the
+#: input (or the weights) are complex, and refuses it for the others: the correlations, which
+#: take complex weights, and uniform_filter; gaussian_filter1d, a correlate1d there, promotes too.
+_PROMOTING = frozenset({"correlate1d", "convolve1d", "correlate", "convolve", "uniform_filter"})
 
 
-def _filter(kernel, input, output, **params):
-    """Run filter ``kernel`` on ``input``, into ``output`` when it is an array (scipy's rules)."""
+def _filter(kernel, input, output, *, promotes=None, **params):
+    """Run filter ``kernel`` on ``input``, into ``output`` when it is an array (scipy's rules).
+
+    ``promotes``: whether a real output dtype becomes complex for complex data (default: as
+    scipy's function of that name does it, :data:`_PROMOTING`).
+    """
     x = as_input(input)
     S.check_dtype(x.dtype)
     if _is_dask(x) and S.is_array(output):
@@ -433,7 +440,8 @@ def _filter(kernel, input, output, **params):
                                 f"cval={cval!r} for an input of dtype {x.dtype}; give a real "
                                 f"cval, or a complex input")
     dtype, target = S.resolve_output(output, x, complex_weights=complex_weights,
-                                     promotes=kernel in _CORRELATIONS)
+                                     promotes=kernel in _PROMOTING if promotes is None else
+                                     promotes)
     if target is not None and cuda.is_cupy_array(target) != cuda.is_cupy_array(x):
         raise TypeError(f"output is a {type(target).__module__} array and the input a "
                         f"{type(x).__module__} one; give an output on the input's device")

@@ -157,17 +157,27 @@ def check_cval(cval):
 
 def output_dtype(output) -> np.dtype | None:
     """The dtype asked for by ``output`` (``None``: the input's), as scipy reads it."""
+    dtype = _requested_dtype(output)
+    return None if dtype is None else check_dtype(dtype, "output")
+
+
+def _requested_dtype(output) -> np.dtype | None:
+    """``output`` as a numeric dtype, not yet checked against the dtypes the filters write.
+
+    Not a dtype at all is a :class:`FilterTypeError` (scipy's ``numpy.dtype(output)`` raises a
+    ``TypeError``); a non-numeric dtype a :class:`FilterArgumentError`, as scipy raises.
+    """
     if output is None:
         return None
     try:
         dtype = np.dtype(output)
     except TypeError:
-        raise FilterArgumentError(
+        raise FilterTypeError(
             f"output={output!r} is not a dtype; pass a dtype (np.float32, 'float64'), or an "
             f"array to the public functions in chunkernels.ndimage") from None
     if not issubclass(dtype.type, np.number | np.bool_):
         raise FilterArgumentError(f"output must have numeric dtype; got {dtype}")
-    return check_dtype(dtype, "output")
+    return dtype
 
 
 def result_dtype(x_dtype, *operand_dtypes, output=None, weights=None, **params) -> np.dtype:
@@ -192,7 +202,9 @@ def resolve_output(output, x, *, complex_weights: bool = False, promotes: bool =
     As scipy's ``_get_output``: an array must have the result's shape, and a complex dtype when
     the input or the weights are complex; a real dtype given as a type or ``numpy.dtype`` is
     promoted to complex with a warning where scipy promotes it (``promotes``: the correlations,
-    which take complex weights), and refused where it is given as a string or scipy refuses it.
+    gaussian_filter1d, uniform_filter and uniform_filter1d), and refused where it is given as a
+    string or scipy refuses it. The promotion comes first: float16, which the filters do not
+    write, is complex64 then, as in scipy.
     """
     complex_out = x.dtype.kind == "c" or complex_weights
     if output is None:
@@ -206,7 +218,7 @@ def resolve_output(output, x, *, complex_weights: bool = False, promotes: bool =
                 f"output must have complex dtype: the input ({x.dtype}) or the weights are "
                 f"complex, the output array is {output.dtype}; pass a complex output")
         return output.dtype, output
-    dtype = output_dtype(output)
+    dtype = _requested_dtype(output)
     if complex_out and dtype.kind != "c":
         if isinstance(output, str) or not promotes:
             raise FilterArgumentError(
@@ -214,7 +226,7 @@ def resolve_output(output, x, *, complex_weights: bool = False, promotes: bool =
                 f"complex, output={output!r}; pass a complex dtype such as numpy.complex128")
         warnings.warn("promoting specified output dtype to complex", UserWarning, stacklevel=4)
         dtype = np.promote_types(dtype, np.complex64)
-    return dtype, None
+    return check_dtype(dtype, "output"), None
 
 
 def weights_array(weights, name: str = "weights") -> np.ndarray:

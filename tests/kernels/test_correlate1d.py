@@ -270,3 +270,29 @@ def test_error_classes():
         ndimage.correlate1d(np.zeros(4), [1], output=np.zeros(5))
     with pytest.raises(TypeError, match="Dask input"):
         ndimage.correlate1d(da.zeros(4, chunks=2), [1], output=np.zeros(4))
+
+
+@pytest.mark.parametrize("fn, args", [("correlate1d", ([1, 2, 3],)), ("gaussian_filter", (1.5,)),
+                                      ("uniform_filter", (3,)), ("sobel", ())])
+def test_output_that_is_no_dtype_is_a_type_error(fn, args):
+    """scipy's numpy.dtype(output) raises TypeError for an output that names no dtype."""
+    x = np.arange(20.0).reshape(4, 5)
+    with pytest.raises(TypeError, match="not understood"):
+        getattr(ndi, fn)(x, *args, output="foo")
+    for xin in (x, da.from_array(x, chunks=2)):
+        with pytest.raises(TypeError, match="is not a dtype"):
+            getattr(ndimage, fn)(xin, *args, output="foo")
+
+
+@pytest.mark.parametrize("output", [np.float16, np.dtype("int16"), bool])
+def test_complex_data_promotes_any_real_output_type(output):
+    """scipy promotes a real output type for complex data before checking it: float16, which the
+    filters do not write, becomes complex64."""
+    x = np.random.default_rng(12).standard_normal((6, 7)) * (1 - 2j)
+    with pytest.warns(UserWarning, match="promoting specified output dtype to complex"):
+        expected = ndi.correlate1d(x, [1, 2, 3], output=output)
+    for xin in (x, da.from_array(x, chunks=(2, 3))):
+        with pytest.warns(UserWarning, match="promoting specified output dtype to complex"):
+            got = ndimage.correlate1d(xin, [1, 2, 3], output=output)
+        assert got.dtype == expected.dtype
+        np.testing.assert_array_equal(np.asarray(got), expected)

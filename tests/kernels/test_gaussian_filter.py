@@ -185,3 +185,20 @@ def test_filters_longer_than_48_kib_of_shared_memory_opt_in():
     for _ in range(2):  # the opt-in is made once per kernel
         got = ndimage.gaussian_filter(device("cupy", x), 20.0, mode="wrap")
         assert_close(got, ndi.gaussian_filter(x, 20.0, mode="wrap"), **tolerances("cupy", x.dtype))
+
+
+def test_gaussian_filter1d_complex_data_promotes_a_real_output_type():
+    """scipy's gaussian_filter1d is a correlate1d: a real output type becomes complex (with a
+    warning) for complex data; gaussian_filter refuses it."""
+    x = np.random.default_rng(13).standard_normal((7, 8)) * (2 + 1j)
+    with pytest.warns(UserWarning, match="promoting specified output dtype to complex"):
+        expected = ndi.gaussian_filter1d(x, 1.5, output=np.float32)
+    for xin in (x, da.from_array(x, chunks=(3, 2))):
+        with pytest.warns(UserWarning, match="promoting specified output dtype to complex"):
+            got = ndimage.gaussian_filter1d(xin, 1.5, output=np.float32)
+        assert got.dtype == expected.dtype == np.complex64
+        assert_close(np.asarray(got), expected)
+    with pytest.raises(RuntimeError, match="output must have complex dtype"):
+        ndi.gaussian_filter(x, 1.5, output=np.float32)
+    with pytest.raises(RuntimeError, match="output must have complex dtype"):
+        ndimage.gaussian_filter(x, 1.5, output=np.float32)

@@ -182,8 +182,28 @@ def test_complex(backend):
     expected = ndi.uniform_filter(x, [2, 2], output=np.complex128)
     assert_close(expected.real, np.array([[4, 6, 10], [10, 12, 16]], dtype=np.float64))
     assert_close(ndimage.uniform_filter(x, [2, 2], output=np.complex128), expected)
+    # as scipy: a real dtype given as a type becomes complex (with a warning), as a string or
+    # an array it is refused
     with pytest.raises(RuntimeError, match="output must have complex dtype"):
-        ndimage.uniform_filter(x, 2, output=np.float64)
+        ndimage.uniform_filter(x, 2, output="float64")
+    with pytest.raises(RuntimeError, match="output must have complex dtype"):
+        ndimage.uniform_filter(x, 2, output=np.zeros(x.shape))
+
+
+@pytest.mark.parametrize("fn", ["uniform_filter", "uniform_filter1d"])
+@pytest.mark.parametrize("output", [np.float64, np.float32, np.dtype("int16"), np.float16])
+def test_complex_input_promotes_a_real_output_dtype(fn, output):
+    """scipy's uniform_filter and uniform_filter1d make a real output dtype complex for complex
+    data, with a warning (float16 too: complex64, which the filters write)."""
+    x = np.random.default_rng(11).standard_normal((7, 6)) * (1 + 0.5j)
+    with pytest.warns(UserWarning, match="promoting specified output dtype to complex"):
+        expected = getattr(ndi, fn)(x, 3, output=output)
+    for chunks in (None, (2, 4), (1, 3)):
+        xin = x if chunks is None else da.from_array(x, chunks=chunks)
+        with pytest.warns(UserWarning, match="promoting specified output dtype to complex"):
+            got = getattr(ndimage, fn)(xin, 3, output=output)
+        assert got.dtype == expected.dtype
+        assert_close(np.asarray(got), expected, err_msg=f"chunks {chunks}")
 
 
 @settings(max_examples=30, deadline=None)
