@@ -40,7 +40,7 @@ def validate(ndim, sigma, order=0, mode="reflect", cval=0.0, truncate=4.0, radiu
     keep = [i for i in range(count) if sigmas[i] > SIGMA_EPS]
     radii = S.per_axis(radius, count, "radius")
     for i in keep:
-        r = int(truncate * sigmas[i] + 0.5) if radii[i] is None else radii[i]
+        r = int(truncate * float(sigmas[i]) + 0.5) if radii[i] is None else radii[i]
         if not isinstance(r, numbers.Integral) or r < 0:
             raise S.FilterArgumentError(
                 f"Radius must be a nonnegative integer: radius={r!r} (sigma={sigmas[i]}, "

@@ -73,10 +73,14 @@ def as_int(value, name: str) -> int:
 
 
 def real_number(value, name: str) -> float:
-    """``value`` as a float, or :class:`FilterTypeError` (a complex or a non-number)."""
+    """``value`` as a float, or :class:`FilterTypeError` (a complex or a non-number).
+
+    NumPy float scalars keep their type: scipy computes with the value as given (a float32 sigma
+    gives a Gaussian computed in float32).
+    """
     if not isinstance(value, numbers.Real):
         raise FilterTypeError(f"{name} must be a real number; got {value!r}")
-    return float(value)
+    return value if isinstance(value, np.floating) else float(value)
 
 
 def canonical_mode(mode) -> str:
@@ -273,7 +277,7 @@ def reach(size: int, origin: int = 0) -> int:
     return size // 2 + abs(origin)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=256, typed=True)  # typed: a float32 sigma gives other weights
 def gaussian_weights(sigma: float, order: int, radius: int) -> np.ndarray:
     """Correlation weights of a 1-D Gaussian (derivative of ``order``), as scipy builds them.
 

@@ -202,3 +202,16 @@ def test_gaussian_filter1d_complex_data_promotes_a_real_output_type():
         ndi.gaussian_filter(x, 1.5, output=np.float32)
     with pytest.raises(RuntimeError, match="output must have complex dtype"):
         ndimage.gaussian_filter(x, 1.5, output=np.float32)
+
+
+@pytest.mark.parametrize("fn", ["gaussian_filter", "gaussian_filter1d", "gaussian_laplace",
+                                "gaussian_gradient_magnitude"])
+def test_float32_sigma_gives_scipy_float32_kernel(fn):
+    """scipy builds the Gaussian from sigma as given: a NumPy float32 sigma gives a kernel
+    computed in float32, not the float64 one of float(sigma); the results are identical."""
+    x = np.random.default_rng(14).standard_normal((9, 11)) * 10
+    sigma = np.float32(1.3)
+    expected = getattr(ndi, fn)(x, sigma)
+    assert not np.array_equal(expected, getattr(ndi, fn)(x, float(sigma)))
+    for xin in (x, da.from_array(x, chunks=(4, 3)), da.from_array(x, chunks=(2, 5))):
+        np.testing.assert_array_equal(np.asarray(getattr(ndimage, fn)(xin, sigma)), expected)
