@@ -35,7 +35,7 @@ def validate(ndim, sigma, order=0, mode="reflect", cval=0.0, truncate=4.0, radiu
     count = len(axes)
     sigmas = [S.real_number(s, "sigma") for s in S.per_axis(sigma, count, "sigma")]
     orders = [_order(o) for o in S.per_axis(order, count, "order")]
-    modes = S.modes(mode, count)
+    modes = S.per_axis(mode, count, "mode")  # checked on the axes filtered, as scipy checks
     truncate = S.real_number(truncate, "truncate")
     keep = [i for i in range(count) if sigmas[i] > SIGMA_EPS]
     radii = S.per_axis(radius, count, "radius")
@@ -48,7 +48,8 @@ def validate(ndim, sigma, order=0, mode="reflect", cval=0.0, truncate=4.0, radiu
                 f"int(truncate * sigma + 0.5) is")
         radii[i] = int(r)
     pick = lambda seq: tuple(seq[i] for i in keep)  # noqa: E731
-    return {"sigma": pick(sigmas), "order": pick(orders), "mode": pick(modes),
+    return {"sigma": pick(sigmas), "order": pick(orders),
+            "mode": tuple(S.canonical_mode(m) for m in pick(modes)),
             "radius": pick(radii), "axes": pick(axes), "cval": S.check_cval(cval),
             "truncate": truncate, "output": S.output_dtype(output)}
 

@@ -31,13 +31,14 @@ def validate(ndim, size=3, mode="reflect", cval=0.0, origin=0, axes=None, output
     count = len(axes)
     sizes = [_size(s) for s in S.per_axis(size, count, "size")]
     origins = [S.as_int(o, "origin") for o in S.per_axis(origin, count, "origin")]
-    modes = S.modes(mode, count)
+    modes = S.per_axis(mode, count, "mode")  # checked on the axes filtered, as scipy checks
     keep = [i for i in range(count) if sizes[i] > 1]
     for i in keep:
         S.check_origin(origins[i], sizes[i], "size")
     pick = lambda seq: tuple(seq[i] for i in keep)  # noqa: E731
     return {"size": pick(sizes), "origin": pick(origins),
-            "mode": pick(modes), "axes": pick(axes), "cval": S.check_cval(cval),
+            "mode": tuple(S.canonical_mode(m) for m in pick(modes)), "axes": pick(axes),
+            "cval": S.check_cval(cval),
             "output": S.output_dtype(output)}
 
 

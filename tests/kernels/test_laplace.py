@@ -129,3 +129,16 @@ def test_errors_before_any_work(kwargs, error, match):
     for x in (a, da.from_array(a, chunks=4)):
         with pytest.raises(error, match=match):
             ndimage.laplace(x, **kwargs)
+
+
+@pytest.mark.parametrize("fn, args", [("laplace", ()), ("gaussian_laplace", (1.0,)),
+                                      ("gaussian_gradient_magnitude", (1.0,))])
+def test_no_axes_read_no_mode(fn, args):
+    """scipy's generic_laplace and generic_gradient_magnitude copy the input when ``axes`` is
+    empty, without reading ``mode``: a sequence of any length (or an unknown name) is accepted."""
+    x = np.random.default_rng(15).standard_normal((5, 6))
+    for mode in (("wrap", "reflect"), "foo"):
+        expected = getattr(ndi, fn)(x, *args, mode=mode, axes=())
+        for xin in (x, da.from_array(x, chunks=2)):
+            got = getattr(ndimage, fn)(xin, *args, mode=mode, axes=())
+            np.testing.assert_array_equal(np.asarray(got), expected)

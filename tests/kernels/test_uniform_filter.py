@@ -273,3 +273,21 @@ def test_shapes_and_identity_on_dask():
     stacked = da.stack([ndimage.uniform_filter(d[i:i + 2], 3) for i in (0, 2)])
     assert_close(stacked.compute(), np.stack([ndi.uniform_filter(d[i:i + 2].compute(), 3)
                                               for i in (0, 2)]))
+
+
+@pytest.mark.parametrize("fn, args, kwargs", [
+    ("uniform_filter", ((1, 3),), {}), ("uniform_filter", (3,), {"axes": ()}),
+    ("gaussian_filter", ((0.0, 1.5),), {}), ("gaussian_filter", ((1e-16, 1.5),), {}),
+])
+def test_mode_read_only_on_filtered_axes(fn, args, kwargs):
+    """scipy checks the mode of an axis only where it filters it: an unknown mode on an axis of
+    size 1 (or sigma <= 1e-15) is accepted, a sequence of the wrong length is not."""
+    x = np.random.default_rng(16).standard_normal((6, 7))
+    mode = ["foo", "wrap"][:len(kwargs.get("axes", (0, 1)))]
+    expected = getattr(ndi, fn)(x, *args, mode=mode, **kwargs)
+    for xin in (x, da.from_array(x, chunks=(2, 3))):
+        assert_close(np.asarray(getattr(ndimage, fn)(xin, *args, mode=mode, **kwargs)), expected)
+    with pytest.raises(RuntimeError, match="sequence argument must have length"):
+        getattr(ndi, fn)(x, *args, mode=["foo"] * 3, **kwargs)
+    with pytest.raises(RuntimeError, match="sequence argument must have length"):
+        getattr(ndimage, fn)(x, *args, mode=["foo"] * 3, **kwargs)
