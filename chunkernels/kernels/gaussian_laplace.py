@@ -37,7 +37,8 @@ def validate(ndim, sigma, mode="reflect", cval=0.0, axes=None, truncate=4.0, rad
     axes = S.check_axes(axes, ndim)
     full = _full_sigma(ndim, S.per_axis(sigma, len(axes), "sigma"), axes)
     full, radius, truncate = smoothing(ndim, full, truncate, radius, axes)
-    return {"sigma": tuple(full[ax] for ax in axes), "axes": axes,
+    return {"sigma": tuple(full) if len(axes) == ndim else tuple(full[ax] for ax in axes),
+            "axes": axes,
             "mode": S.modes(mode, len(axes)) if axes else (),  # as laplace's
             "radius": radius, "cval": S.check_cval(cval),
             "truncate": truncate, "output": S.output_dtype(output)}
@@ -60,7 +61,13 @@ def smoothing(ndim, sigma, truncate, radius, axes):
 
 
 def _full_sigma(ndim, sigma, axes):
-    """gaussian_laplace's sigma per axis of the input (0 on the unfiltered axes)."""
+    """gaussian_laplace's sigma per axis of the input (0 on the unfiltered axes).
+
+    As scipy: ``sigma[i]`` is axis ``axes[i]``'s where some axes are not filtered, but where
+    every axis is, ``sigma[i]`` is axis ``i``'s whatever the order of ``axes``.
+    """
+    if len(axes) == ndim:
+        return list(sigma)
     full = [0.0] * ndim
     for ax, s in zip(axes, sigma):
         full[ax] = s

@@ -250,3 +250,15 @@ def test_errors_before_any_work(args, kwargs, error, match):
     for x in (a, da.from_array(a, chunks=(5, 7))):
         with pytest.raises(error, match=match):
             ndimage.gaussian_laplace(x, *args, **kwargs)
+
+
+@pytest.mark.parametrize("axes", [(1, 0), (0, 1), (2, 0, 1), (1, 2), (2, 0)])
+def test_sigma_order_with_axes_as_scipy(axes):
+    """scipy's gaussian_laplace gives sigma[i] to axes[i] only when some axes are not filtered;
+    when every axis is, sigma[i] is axis i's whatever the order of ``axes``."""
+    x = np.random.default_rng(17).standard_normal((9, 10, 8) if len(axes) == 3 or 2 in axes
+                                                   else (9, 10))
+    sigma = (0.8, 1.6, 1.2)[:len(axes)]
+    expected = ndi.gaussian_laplace(x, sigma, axes=axes)
+    for xin in (x, da.from_array(x, chunks=3), da.from_array(x, chunks=5)):
+        assert_close(np.asarray(ndimage.gaussian_laplace(xin, sigma, axes=axes)), expected)
