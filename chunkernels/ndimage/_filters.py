@@ -9,6 +9,8 @@ result has the input's type. Parameters are checked before any work is done.
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 
 from chunkernels import cuda
@@ -158,6 +160,9 @@ def gaussian_filter1d(input, sigma, axis=-1, order=0, output=None, mode="reflect
         raise S.FilterArgumentError(
             f"Radius must be a nonnegative integer: sigma={sigma} and truncate={truncate} give a "
             f"radius of {int(truncate * sigma + 0.5)}; give a positive sigma")
+    if radius is not None and (not isinstance(radius, numbers.Integral) or radius < 0):
+        raise S.FilterArgumentError(f"Radius must be a nonnegative integer: radius={radius!r}; "
+                                    f"gaussian_filter1d takes one radius, an int >= 0")
     # scipy's gaussian_filter1d is a correlate1d, which makes a real output dtype complex for
     # complex data (gaussian_filter refuses it)
     return _filter("gaussian_filter", input, output, promotes=True, sigma=sigma, order=order,

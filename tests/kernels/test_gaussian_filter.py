@@ -215,3 +215,17 @@ def test_float32_sigma_gives_scipy_float32_kernel(fn):
     assert not np.array_equal(expected, getattr(ndi, fn)(x, float(sigma)))
     for xin in (x, da.from_array(x, chunks=(4, 3)), da.from_array(x, chunks=(2, 5))):
         np.testing.assert_array_equal(np.asarray(getattr(ndimage, fn)(xin, sigma)), expected)
+
+
+@pytest.mark.parametrize("radius", [(1,), [2], 1.5, -1])
+def test_gaussian_filter1d_radius_is_one_integer(radius):
+    """scipy's gaussian_filter1d takes one integer radius: a sequence or a float is a
+    ValueError there (gaussian_filter takes one per axis)."""
+    x = np.random.default_rng(18).standard_normal((6, 7))
+    with pytest.raises(ValueError, match="Radius must be a nonnegative integer"):
+        ndi.gaussian_filter1d(x, 1.5, radius=radius)
+    for xin in (x, da.from_array(x, chunks=3)):
+        with pytest.raises(ValueError, match="Radius must be a nonnegative integer"):
+            ndimage.gaussian_filter1d(xin, 1.5, radius=radius)
+    np.testing.assert_array_equal(ndimage.gaussian_filter1d(x, 1.5, radius=np.int64(2)),
+                                  ndi.gaussian_filter1d(x, 1.5, radius=np.int64(2)))
