@@ -102,11 +102,15 @@ def reference(x, *, order=3, axes=None, mode="mirror", dtype=np.float64):
     """CPU reference: ``scipy.ndimage.spline_filter1d`` along each of ``axes``, into ``dtype``."""
     import scipy.ndimage as ndi
 
-    out = np.array(x, dtype=dtype)
-    if order < 2:
-        return out
+    if order < 2 or not axes:
+        return np.array(x, dtype=dtype)
+    # as scipy's spline_filter: the first axis is filtered from the input itself (an integer
+    # output truncates the coefficients, not the samples), the next ones in the output in place
+    out = np.empty(np.shape(x), dtype=dtype)
+    source = x
     for axis in axes:
-        ndi.spline_filter1d(out, order, axis, output=out, mode=mode)
+        ndi.spline_filter1d(source, order, axis, output=out, mode=mode)
+        source = out
     return out
 
 

@@ -243,3 +243,19 @@ def test_gpu_float32_coefficients_within_1e5():
     got = ndimage.spline_filter(cp.asarray(x), 3, output=np.float32)
     expected = ndi.spline_filter(x.astype(np.float64), 3)
     assert np.abs(got.get() - expected).max() <= 1e-5
+
+
+@pytest.mark.parametrize("fn", ["spline_filter", "spline_filter1d"])
+@pytest.mark.parametrize("output", ["int16", np.uint8, np.int32])
+def test_integer_output_truncates_the_coefficients_not_the_samples(fn, output):
+    """scipy filters the first axis from the input itself and stores the result in the
+    (integer) output: the coefficients are truncated, not the samples before filtering."""
+    x = np.random.default_rng(19).standard_normal((9, 11)) * 20 + 40
+    expected = getattr(ndi, fn)(x, 3, output=output)
+    assert not np.array_equal(expected, getattr(ndi, fn)(x.astype(output), 3, output=output))
+    np.testing.assert_array_equal(getattr(ndimage, fn)(x, 3, output=output), expected)
+    out = np.zeros(x.shape, output)
+    assert getattr(ndimage, fn)(x, 3, output=out) is out
+    np.testing.assert_array_equal(out, expected)
+    got = getattr(ndimage, fn)(da.from_array(x, chunks=(5, 4)), 3, output=output).compute()
+    np.testing.assert_array_equal(got, expected)
