@@ -259,9 +259,26 @@ def _as_array(a):
     return a if _is_dask(a) or cuda.is_cupy_array(a) or isinstance(a, np.ndarray) else np.asarray(a)
 
 
+def _check_dtype(dtype, what):
+    """``dtype`` if SciPy's interpolation reads and writes it (not float16, nor long double), or
+    :class:`InterpolationError`, as SciPy's C code raises for those."""
+    from chunkernels.ndimage._support import SCIPY_DTYPES
+
+    dtype = np.dtype(dtype)
+    if dtype not in SCIPY_DTYPES:
+        accepted = ", ".join(sorted(d.name for d in SCIPY_DTYPES))
+        raise InterpolationError(f"array type {dtype} not supported: the {what} has dtype "
+                                 f"{dtype}; scipy.ndimage interpolates {accepted} (convert it "
+                                 f"first, e.g. x.astype(numpy.float32))")
+    return dtype
+
+
 def _output(output, x, shape):
-    """``(dtype, array to fill or None)`` from SciPy's ``output`` argument (``_get_output``)."""
+    """``(dtype, array to fill or None)`` from SciPy's ``output`` argument (``_get_output``):
+    the input's and the output's dtypes checked, a real dtype promoted to complex (with a
+    warning) for complex data, except where given as a string, which SciPy refuses."""
     complex_input = x.dtype.kind == "c"
+    _check_dtype(x.dtype, "input")
     if output is None:
         return x.dtype, None
     if not isinstance(output, type | np.dtype | str) and hasattr(output, "shape"):
@@ -277,12 +294,18 @@ def _output(output, x, shape):
         if cuda.is_cupy_array(output) != cuda.is_cupy_array(x):
             raise TypeError(f"output is a {type(output).__module__} array but the input a "
                             f"{type(x).__module__} one; pass an output on the input's device")
-        return output.dtype, output
+        return _check_dtype(output.dtype, "output"), output
     dtype = np.dtype(output)
+    if isinstance(output, str) and not issubclass(dtype.type, np.number | np.bool_):
+        raise InterpolationError(f"output must have numeric dtype: output={output!r}")
     if complex_input and dtype.kind != "c":
+        if isinstance(output, str):
+            raise InterpolationError(f"output must have complex dtype: the input is {x.dtype}, "
+                                     f"output={output!r}; pass a complex dtype such as "
+                                     f"'complex128'")
         warnings.warn("promoting specified output dtype to complex", stacklevel=3)
         dtype = np.promote_types(dtype, np.complex64)
-    return dtype, None
+    return _check_dtype(dtype, "output"), None
 
 
 def _store(result, out):
@@ -396,6 +419,12 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
 
             return da.from_array(empty, chunks=-1, asarray=False)
         return _store(empty, out)
+    if dtype.kind == "c" and x.dtype.kind != "c":
+        # SciPy's C resampler writes no complex output for real data (it refuses it there, past
+        # the copy and the empty result above)
+        raise InterpolationError(f"data type not supported: a complex output ({dtype}) for a "
+                                 f"real input ({x.dtype}); zoom x.astype({dtype.name!r}) for a "
+                                 f"complex result")
     npad = 0
     coefficients = x
     if prefilter and order > 1:
@@ -441,7 +470,9 @@ def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter
         holds them (:func:`spline_filter` with the same mode). Default True.
     grid_mode : bool, optional
         False: the zoom maps the first and last pixel centres onto each other (SciPy's default,
-        PyTorch's ``align_corners=True``). True: it maps the pixels' outer edges.
+        PyTorch's ``align_corners=True``). True: it maps the pixels' outer edges. Complex
+        inputs are zoomed with False whatever is given, as SciPy 1.17 zooms them (its complex
+        path does not pass ``grid_mode`` on).
 
     Returns
     -------
@@ -452,7 +483,10 @@ def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter
     ------
     InterpolationError
         Unsupported order or mode, a zoom sequence of the wrong length, a 0-d input, an output
-        of the wrong shape (a ``ValueError`` and a ``RuntimeError``, as SciPy raises).
+        of the wrong shape, an input or output dtype SciPy does not interpolate (float16, long
+        double) (a ``ValueError`` and a ``RuntimeError``, as SciPy raises).
+    ValueError
+        A negative zoom (a negative output length).
 
     Notes
     -----
@@ -465,6 +499,13 @@ def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     factors = _sequence(zoom, x.ndim, "zoom")
     out_shape = tuple(int(round(n * float(f))) for n, f in zip(x.shape, factors))
+    if any(n < 0 for n in out_shape):
+        raise ValueError(f"negative dimensions are not allowed: zoom={zoom!r} gives the output "
+                         f"shape {out_shape} for an input of shape {x.shape}; give zoom >= 0")
+    if x.dtype.kind == "c":
+        # SciPy zooms complex data as its real and imaginary parts without passing grid_mode on:
+        # it is False for complex inputs there, and here too, so the results agree
+        grid_mode = False
     # SciPy's early exit tests the factors: 1.01 on 5 samples still interpolates onto 5
     identity = all(f == 1 for f in factors)
     return _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, identity)

@@ -573,3 +573,52 @@ def test_gpu_separable_float32_passes_equal_the_nested_sum(monkeypatch, shape, f
         want = ndi.zoom(view.get().astype(np.float64), factors, **kw)
         bound = 1e-5 if order <= 3 else 1e-4  # float32 prefilters of higher orders lose more
         assert np.abs(separable.get() - want).max() <= bound
+
+
+def _raises_as_scipy(fn, x, *args, **kwargs):
+    """``fn`` raises what scipy's function of that name raises, for NumPy and Dask inputs."""
+    with pytest.raises(Exception) as scipy_error:
+        getattr(ndi, fn)(x, *args, **kwargs)
+    # Dask inputs take no output array (a TypeError of their own)
+    dask_too = not isinstance(kwargs.get("output"), np.ndarray)
+    for xin in (x, da.from_array(x, chunks=2))[:2 if dask_too else 1]:
+        with pytest.raises(scipy_error.type):
+            getattr(ndimage, fn)(xin, *args, **kwargs)
+
+
+@pytest.mark.parametrize("fn, args", [("zoom", (2,)), ("spline_filter", ()),
+                                      ("spline_filter1d", ())])
+def test_dtypes_scipy_does_not_interpolate(fn, args):
+    """float16 and long double inputs or outputs are a RuntimeError in scipy."""
+    x = np.random.default_rng(20).standard_normal((5, 6))
+    _raises_as_scipy(fn, x.astype(np.float16), *args)
+    _raises_as_scipy(fn, x.astype(np.longdouble), *args)
+    _raises_as_scipy(fn, x, *args, output=np.float16)
+    _raises_as_scipy(fn, x, *args, output="float16")
+    _raises_as_scipy(fn, x, *args, output="U3")
+    _raises_as_scipy(fn, x * 1j, *args, output="float64")  # a string is not promoted
+
+
+def test_zoom_errors_as_scipy():
+    x = np.random.default_rng(21).standard_normal((5, 6))
+    _raises_as_scipy("zoom", x, -1)                          # negative dimensions
+    _raises_as_scipy("zoom", x, (2, -0.5))
+    _raises_as_scipy("zoom", x, 2, output=np.complex128)     # no complex output for real data
+    _raises_as_scipy("zoom", x, 2, output=np.zeros((10, 12), complex))
+    # where scipy returns before resampling, a complex output is fine
+    for zoom in (1, 0.01):
+        expected = ndi.zoom(x, zoom, output=np.complex128)
+        np.testing.assert_array_equal(ndimage.zoom(x, zoom, output=np.complex128), expected)
+
+
+@pytest.mark.parametrize("mode", ["constant", "grid-constant", "nearest", "mirror", "wrap"])
+@pytest.mark.parametrize("order", [0, 1, 3])
+def test_complex_zoom_ignores_grid_mode_as_scipy(mode, order):
+    """scipy 1.17 zooms complex data as its real and imaginary parts without passing grid_mode
+    on; chunkernels gives the same results."""
+    x = np.random.default_rng(22).standard_normal((6, 7)) * (1 - 0.5j)
+    expected = ndi.zoom(x, 1.7, order=order, mode=mode, grid_mode=True)
+    np.testing.assert_allclose(expected, ndi.zoom(x, 1.7, order=order, mode=mode), rtol=0,
+                               atol=0)
+    check("numpy", ndimage.zoom, ndi.zoom, x, 1.7, order=order, mode=mode, grid_mode=True,
+          chunks=[(4, 3), (2, 5)])
