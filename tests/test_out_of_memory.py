@@ -82,9 +82,7 @@ def _limited_pool(extra: int) -> int:
     import cupy as cp
 
     cp.cuda.Device().synchronize()
-    # garbage of earlier tests (cycles that hold device arrays) goes now, not between this
-    # measure and _pool_used's, which collects too
-    gc.collect()
+    gc.collect()  # as _pool_used does: garbage of earlier tests is not counted in either
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
     used = pool.used_bytes()
@@ -123,7 +121,10 @@ def test_out_of_memory_on_a_gpu_then_the_next_call_runs():
     try:
         with pytest.raises(GPUOutOfMemoryError, match="^" + OOM_2048):
             chunkernels.ndimage.gaussian_filter(x, 4)
-        assert _pool_used() == used  # nothing of the failed call is left on the device
+        # nothing of the failed call is left on the device (less may be: a cache of earlier
+        # tests in this process can let go of a block meanwhile; 3584 bytes did, in the full
+        # GPU suite, never in the test alone)
+        assert _pool_used() <= used
         # the same process under the same limit: a quarter of the array fits, and is right
         got = chunkernels.ndimage.gaussian_filter(x[:1024, :1024], 4)
         assert_close(got, ndi.gaussian_filter(x_np[:1024, :1024], 4), rtol=1e-5, atol=1e-5)
@@ -174,7 +175,7 @@ def test_out_of_memory_assembling_a_halo_buffer_names_the_kernel_and_a_rechunk()
                 r"along axis 0 and 16 on one side along axis 1\): OutOfMemoryError: .* e\.g\. x "
                 r"= x\.rechunk\(\(512, 512\)\)")):
             chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
-        assert _pool_used() == used  # nothing of the failed task is left on the device
+        assert _pool_used() <= used  # nothing of the failed task is left (as above)
     finally:
         _unlimited_pool()
     got = chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
