@@ -197,10 +197,10 @@ class Kernel:
     The arguments are packed into a buffer after the pointers to them that ``cuLaunchKernel``
     takes, in the layout the first launch's arguments give (a compiled function's parameters
     do not change): device arrays as their pointers, NumPy arrays as structs passed by value,
-    NumPy scalars, and Python ints and floats, as CuPy passes them. A scalar of another width
-    than the first launch's is packed at that width, the parameter's. Arguments of other
-    kinds (at the first launch: for good; later: for that launch), a driver library not found
-    under its Linux name, or :data:`LAUNCH_HOLDS_GIL` set false: CuPy launches.
+    NumPy scalars, and Python ints and floats, as CuPy passes them. A later scalar of another
+    width is packed at the first launch's, the parameter's. Arguments of other kinds (at the
+    first launch: from then on; later: for that launch), a driver library not found under its
+    Linux name, or :data:`LAUNCH_HOLDS_GIL` set false: CuPy launches.
     """
 
     __slots__ = ("raw", "_ptr", "_packer", "_stream", "_launch")
