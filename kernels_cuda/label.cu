@@ -77,6 +77,35 @@ __device__ __forceinline__ void label_unite(I* parent, I a, I b)
     }
 }
 
+// -- rows joined once per pair of touching runs -------------------------------------------------
+// With the 4- and 8-connected structures (in-plane bits 10 and 15: left neighbours connect), a
+// row's runs of foreground already share a root, so a run is joined to each run above it that
+// it touches once, not once per touching pixel: a 4-connected pair meets first where neither
+// run extends left of the overlap; 8-connected, a run that touches a run above only diagonally
+// does so at its first pixel (up-left) or its last (up-right). Other structures join every
+// touching pixel.
+
+__device__ __forceinline__ bool label_joins_runs(const unsigned in_plane)
+{
+    return in_plane == 10u || in_plane == 15u;
+}
+
+// The neighbours above that a foreground pixel joins (bits as the in-plane ones: 1 up-left,
+// 2 up, 4 up-right), given those of them in the foreground (touching) and whether its left
+// (before) and right (after) neighbours are.
+__device__ __forceinline__ unsigned label_joins_above(const unsigned in_plane,
+                                                      const unsigned touching, const bool before,
+                                                      const bool after)
+{
+    if (!label_joins_runs(in_plane)) {
+        return in_plane & touching & 7u;
+    }
+    if (touching & 2u) {
+        return before && (touching & 1u) ? 0u : 2u;
+    }
+    return in_plane & touching & ((before ? 0u : 1u) | (after ? 0u : 4u));
+}
+
 // -- 1. tiles -----------------------------------------------------------------------------------
 // Launch bounds of 8 blocks per SM (at most 32 registers, no spills): 6-8% faster on an H100
 // than the 40 registers NVRTC chose, the whole array and 2048^2 chunks alike.
@@ -130,34 +159,18 @@ label_tiles(const T* __restrict__ x, I* __restrict__ parent,
                         continue;
                     }
                     const int t = r * LABEL_TILE_X + tx;
-                    const bool up = above & bit;
-                    const bool left = here & (bit >> 1), right = here & (bit << 1);
-                    const bool up_left = above & (bit >> 1), up_right = above & (bit << 1);
-                    if ((in_plane & 8u) && (in_plane == 10u || in_plane == 15u)) {
-                        // Runs along the row share a root already: join each run to each run
-                        // above it that it touches once, not once per touching pixel. The
-                        // 4-connected pair meets first where neither run extends left of the
-                        // overlap; 8-connected, a run touching an above run only diagonally
-                        // does so at its first pixel (up-left) or its last (up-right).
-                        if (up && !(left && up_left)) {
-                            label_unite(tile, t, t - LABEL_TILE_X);
-                        } else if (in_plane == 15u && !up) {
-                            if (!left && up_left) {
-                                label_unite(tile, t, t - LABEL_TILE_X - 1);
-                            }
-                            if (!right && up_right) {
-                                label_unite(tile, t, t - LABEL_TILE_X + 1);
-                            }
-                        }
-                        continue;
-                    }
-                    if ((in_plane & 1u) && up_left) {
+                    const unsigned touching = (above & (bit >> 1) ? 1u : 0u) |
+                                              (above & bit ? 2u : 0u) |
+                                              (above & (bit << 1) ? 4u : 0u);
+                    const unsigned joins = label_joins_above(in_plane, touching, here & (bit >> 1),
+                                                             here & (bit << 1));
+                    if (joins & 1u) {
                         label_unite(tile, t, t - LABEL_TILE_X - 1);
                     }
-                    if ((in_plane & 2u) && up) {
+                    if (joins & 2u) {
                         label_unite(tile, t, t - LABEL_TILE_X);
                     }
-                    if ((in_plane & 4u) && up_right) {
+                    if (joins & 4u) {
                         label_unite(tile, t, t - LABEL_TILE_X + 1);
                     }
                 }
@@ -232,22 +245,24 @@ __global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const
         if (parent[p] < 0) {
             return;
         }
-        if (top && row > 0 && (in_plane & 8u) && (in_plane == 10u || in_plane == 15u)) {
-            // a tile's top row against the row above, joined once per pair of touching runs
-            // as in label_tiles (the runs now reach across tiles: the left pixel may be the
-            // last of the tile to the left, whose own top row does the same)
-            const bool up = parent[p - n3] >= 0;
-            const bool before = col > 0 && parent[p - 1] >= 0;
-            const bool up_left = col > 0 && parent[p - n3 - 1] >= 0;
-            if (up && !(before && up_left)) {
+        if (top && row > 0 && label_joins_runs(in_plane)) {
+            // a tile's top row against the row above, as label_tiles joins rows (the runs now
+            // reach across tiles: the left pixel may be the last of the tile to the left,
+            // whose own top row does the same)
+            const unsigned touching = (col > 0 && parent[p - n3 - 1] >= 0 ? 1u : 0u) |
+                                      (parent[p - n3] >= 0 ? 2u : 0u) |
+                                      (col + 1 < n3 && parent[p - n3 + 1] >= 0 ? 4u : 0u);
+            const unsigned joins = label_joins_above(in_plane, touching,
+                                                     col > 0 && parent[p - 1] >= 0,
+                                                     col + 1 < n3 && parent[p + 1] >= 0);
+            if (joins & 1u) {
+                label_unite(parent, p, p - n3 - 1);
+            }
+            if (joins & 2u) {
                 label_unite(parent, p, p - n3);
-            } else if (in_plane == 15u && !up) {
-                if (!before && up_left) {
-                    label_unite(parent, p, p - n3 - 1);
-                }
-                if (col + 1 < n3 && parent[p + 1] < 0 && parent[p - n3 + 1] >= 0) {
-                    label_unite(parent, p, p - n3 + 1);
-                }
+            }
+            if (joins & 4u) {
+                label_unite(parent, p, p - n3 + 1);
             }
         } else {
             if ((in_plane & 1u) && (top || left) && row > 0 && col > 0 &&
