@@ -258,7 +258,20 @@ def _map_blocks(fn, name, x, ops, dtype, meta):
 
 def _block_tasks(fn, name, x, ops) -> tuple[dict, list]:
     """``{(name, *index): fn(x block, operand blocks)}`` for every block index of ``x``, and the
-    inputs whose keys the tasks reference.
+    inputs whose keys the tasks reference (:func:`_block_args`)."""
+    from dask._task_spec import Task
+
+    args, dependencies = _block_args(x, ops)
+    graph = {}
+    for index, block_args in args.items():
+        key = (name, *index)
+        graph[key] = Task(key, fn, *block_args)
+    return graph, dependencies
+
+
+def _block_args(x, ops) -> tuple[dict, list]:
+    """Per block index of ``x``, the arguments a task on that block takes (the blocks of ``x``
+    and of the operands ``ops``), and the inputs whose keys those arguments reference.
 
     Blocks already in memory (a Dask array persisted by a local scheduler, or ``from_array`` of a
     NumPy array) go into the tasks themselves, as ``from_array(..., inline_array=True)`` does,
@@ -267,7 +280,7 @@ def _block_tasks(fn, name, x, ops) -> tuple[dict, list]:
     tasks, ~25-35 us less per chunk (CPU measurements in docs/benchmarks.md). Anything else (a lazy
     input, a distributed scheduler's futures) stays a reference, so the scheduler runs it.
     """
-    from dask._task_spec import Task, TaskRef
+    from dask._task_spec import TaskRef
 
     inputs = (x, *ops)
     # per input: its name, its blocks if in memory, and which axes of x index its blocks
@@ -277,15 +290,14 @@ def _block_tasks(fn, name, x, ops) -> tuple[dict, list]:
         lead = x.ndim - a.ndim
         axes = tuple(None if nb == 1 else lead + j for j, nb in enumerate(a.numblocks))
         plans.append((a.name, _in_memory_blocks(a), axes))
-    graph = {}
+    args = {}
     for index in np.ndindex(*x.numblocks):
-        args = []
+        block_args = []
         for a_name, blocks, axes in plans:
             key = (a_name, *(0 if ax is None else index[ax] for ax in axes))
-            args.append(TaskRef(key) if blocks is None else blocks[key])
-        key = (name, *index)
-        graph[key] = Task(key, fn, *args)
-    return graph, [a for a, (_, blocks, _) in zip(inputs, plans) if blocks is None]
+            block_args.append(TaskRef(key) if blocks is None else blocks[key])
+        args[index] = block_args
+    return args, [a for a, (_, blocks, _) in zip(inputs, plans) if blocks is None]
 
 
 def _in_memory_blocks(a) -> dict | None:
