@@ -109,10 +109,24 @@ __device__ __forceinline__ unsigned label_joins_above(const unsigned in_plane,
 // -- 1. tiles -----------------------------------------------------------------------------------
 // Launch bounds of 8 blocks per SM (at most 32 registers, no spills): 6-8% faster on an H100
 // than the 40 registers NVRTC chose, the whole array and 2048^2 chunks alike.
+//
+// A batch: chunks of one layout (shape and strides, at most 3-D) labelled by one launch of each
+// kernel, as the planes i0 = 0 .. n0 - 1 of one 4-D array; the structure joins nothing along
+// axis 0, so each stays its own. Their parent arrays lie one after another; their sources are
+// passed by value, one pointer per chunk (label_sources; chunkernels.kernels.label._BATCH).
 
+#define LABEL_BATCH 64
+
+template <typename T>
+struct label_sources {
+    const T* p[LABEL_BATCH];
+};
+
+// tiles of a batch when batch is nonzero (source i0 at xs.p[i0]), else of the one array at
+// xs.p[0] with strides (s0, s1, s2, s3).
 template <typename T, typename I>
 __global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, 8)
-label_tiles(const T* __restrict__ x, I* __restrict__ parent,
+label_tiles(const label_sources<T> xs, const int batch, I* __restrict__ parent,
             const I n0, const I n1, const I n2, const I n3,
             const I s0, const I s1, const I s2, const I s3,
             const unsigned long long structure)
@@ -128,7 +142,7 @@ label_tiles(const T* __restrict__ x, I* __restrict__ parent,
     for (I z = blockIdx.z; z < planes; z += gridDim.z) {
         const I i0 = z / n1;
         const I i1 = z - i0 * n1;
-        const T* xz = x + i0 * s0 + i1 * s1;
+        const T* __restrict__ xz = (batch ? xs.p[i0] : xs.p[0] + i0 * s0) + i1 * s1;
         for (I by = blockIdx.y; by < tiles_y; by += gridDim.y) {
             const I row0 = by * LABEL_TILE_Y;
             // A warp holds a tile row. Where left neighbours connect, each pixel's parent is
@@ -467,25 +481,40 @@ __device__ __noinline__ I label_summary_at(const int y, const int first_axis, co
     return at;
 }
 
+// For a batch (batch nonzero: axis 0 numbers the chunks, first_axis >= 1), each chunk's labels
+// count from 1 (its roots after those of the chunks before it) and its summary follows the
+// summaries of the chunks before it.
+//
 // 8 blocks per SM for 32-bit indices (12% faster over 16 chunks of 2048^2 than the 40 registers
 // NVRTC chose), 6 for 64-bit ones, which would spill at 32 registers.
 template <typename I>
 __global__ void __launch_bounds__(LABEL_TILE_X * LABEL_BLOCK_Y, sizeof(I) == 4 ? 8 : 6)
 label_write_summary(I* parent, const I* __restrict__ counts, const I* __restrict__ offsets,
-                    const long long seg, I* __restrict__ summary,
-                    const I n0, const I n1, const I n2, const I n3, const int first_axis)
+                    const long long seg, I* __restrict__ summaries,
+                    const I n0, const I n1, const I n2, const I n3, const int first_axis,
+                    const int batch)
 {
-    const I total = n0 * n1 * n2 * n3;
+    const I total = batch ? n1 * n2 * n3 : n0 * n1 * n2 * n3;  // one chunk's pixels
     label_tile_pixels(n0, n1, n2, n3, [&](const I i0, const I i1, const I row, const I col, int) {
-        const I line = (i0 * n1 + i1) * n2 + row;
-        const I p = line * n3 + col;
+        const I chunk = batch ? i0 : I(0);
+        const I line = ((batch ? I(0) : i0) * n1 + i1) * n2 + row;  // in the chunk
+        const I p = (i0 * n1 + i1) * n2 * n3 + row * n3 + col;
         const I v = parent[p];
-        const I label = v < 0 ? I(0) : I(label_scanned(counts, offsets, seg, (long long)v));
+        // the roots of the chunks before this one
+        const I before = chunk ? I(label_scanned(counts, offsets, seg,
+                                                 (long long)chunk * total - 1)) : I(0);
+        const I label = v < 0 ? I(0) : I(label_scanned(counts, offsets, seg, (long long)v)) - before;
         parent[p] = label;
+        // where the chunk's summary starts, and its lines' part: asked by face pixels and the
+        // lines' last pixels only
+        const auto lines_at = [&]() {
+            return label_summary_at(2 * (4 - first_axis), first_axis, total, n0, n1, n2, n3);
+        };
+        const auto summary = [&]() { return summaries + (chunk ? chunk * (lines_at() + total / n3)
+                                                               : I(0)); };
         if (col == n3 - 1) {
-            const I lines_at = label_summary_at(2 * (4 - first_axis), first_axis, total,
-                                                n0, n1, n2, n3);
-            summary[lines_at + line] = I(label_scanned(counts, offsets, seg, (long long)p));
+            summary()[lines_at() + line] =
+                I(label_scanned(counts, offsets, seg, (long long)p)) - before;
         }
         const I c[4] = {i0, i1, row, col};
         const I n[4] = {n0, n1, n2, n3};
@@ -496,19 +525,19 @@ label_write_summary(I* parent, const I* __restrict__ counts, const I* __restrict
             if (a < first_axis || !(low || high)) {
                 continue;
             }
-            I e = 0;  // the pixel's place in the face: C order over the other axes
+            I e = 0;  // the pixel's place in the face: C order over the chunk's other axes
 #pragma unroll
             for (int b = 0; b < 4; ++b) {
-                if (b != a) {
+                if (b != a && (b > 0 || !batch)) {
                     e = e * n[b] + c[b];
                 }
             }
             const int y = 2 * (a - first_axis);
             if (low) {
-                summary[label_summary_at(y, first_axis, total, n0, n1, n2, n3) + e] = label;
+                summary()[label_summary_at(y, first_axis, total, n0, n1, n2, n3) + e] = label;
             }
             if (high) {
-                summary[label_summary_at(y + 1, first_axis, total, n0, n1, n2, n3) + e] = label;
+                summary()[label_summary_at(y + 1, first_axis, total, n0, n1, n2, n3) + e] = label;
             }
         }
     });
@@ -568,7 +597,7 @@ __global__ void label_table(const I* __restrict__ ends, const long long lines,
 //                     of (line of the array, chunk along the last axis) whose C order is
 //                     raster order; label_scan of that table
 //   label_face_keys   per face pixel: its node's rank, or LABEL_NONE for the background
-//   (host)            cupy.argsort of the ranks: equal ranks (a node on several face pixels)
+//   label_sort_*      a radix sort of the ranks: equal ranks (a node on several face pixels)
 //                     are neighbours, and the first of each run stands for the node
 //   label_face_init   every sorted position starts under the first of its run
 //   label_face_unite  across every chunk boundary along one axis, the structure's pairs of face
@@ -634,6 +663,93 @@ __global__ void label_face_keys(const T* __restrict__ values, const long long* _
             key = label_rank(ends, scan, first[b], first[b + 1] - first[b], l);
         }
         keys[f] = key;
+    }
+}
+
+// An LSD radix sort of the face keys, with their places, on the device (cupy.argsort would do it
+// in one call, but Thrust waits for the device at its end, and the host would wait there for
+// every chunk's labelling). A pass per 8 bits of the keys, as many as the largest rank needs
+// (LABEL_NONE's low bits are all set: it sorts last); each pass: label_sort_count counts, per
+// tile of LABEL_SORT_TILE keys, the keys of each digit, digit-major (counts[d * tiles + t]);
+// label_scan of the counts gives each (digit, tile) its first place; label_sort_scatter moves
+// each tile's keys there, keeping their order within a digit (stable, as LSD passes must be).
+
+#define LABEL_SORT_THREADS 256  // one per digit
+#define LABEL_SORT_ITEMS 4
+#define LABEL_SORT_TILE (LABEL_SORT_THREADS * LABEL_SORT_ITEMS)
+
+__device__ __forceinline__ int label_digit(const long long key, const int shift)
+{
+    return (int)((key >> shift) & (LABEL_SORT_THREADS - 1));
+}
+
+__global__ void __launch_bounds__(LABEL_SORT_THREADS)
+label_sort_count(const long long* __restrict__ keys, const long long n, const int shift,
+                 long long* __restrict__ counts)
+{
+    __shared__ int histogram[LABEL_SORT_THREADS];
+    histogram[threadIdx.x] = 0;
+    __syncthreads();
+    const long long tile = (long long)blockIdx.x * LABEL_SORT_TILE;
+#pragma unroll
+    for (int r = 0; r < LABEL_SORT_ITEMS; ++r) {
+        const long long i = tile + r * LABEL_SORT_THREADS + threadIdx.x;
+        if (i < n) {
+            atomicAdd(&histogram[label_digit(keys[i], shift)], 1);
+        }
+    }
+    __syncthreads();
+    counts[(long long)threadIdx.x * gridDim.x + blockIdx.x] = histogram[threadIdx.x];
+}
+
+// (counts, offsets, seg): the inclusive scan of label_sort_count's counts. A tile's keys go in
+// rounds of one per thread, in order: a key's place is its (digit, tile)'s first place, plus the
+// keys of its digit in earlier rounds, in earlier warps of its round, and on lower lanes of its
+// warp. first: the places are the keys' own positions (index is not read).
+__global__ void __launch_bounds__(LABEL_SORT_THREADS)
+label_sort_scatter(const long long* __restrict__ keys, const long long* __restrict__ index,
+                   const int first, const long long n, const int shift,
+                   const long long* __restrict__ counts, const long long* __restrict__ offsets,
+                   const long long seg, long long* __restrict__ keys_out,
+                   long long* __restrict__ index_out)
+{
+    constexpr int warps = LABEL_SORT_THREADS / 32;
+    __shared__ long long place[LABEL_SORT_THREADS];   // per digit, this tile's next place
+    __shared__ int in_warp[warps][LABEL_SORT_THREADS];  // per warp and digit, keys this round
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long at = (long long)threadIdx.x * gridDim.x + blockIdx.x;  // digit threadIdx.x
+    place[threadIdx.x] = at > 0 ? label_scanned(counts, offsets, seg, at - 1) : 0;
+    const long long tile = (long long)blockIdx.x * LABEL_SORT_TILE;
+    for (int r = 0; r < LABEL_SORT_ITEMS; ++r) {
+        const long long i = tile + r * LABEL_SORT_THREADS + threadIdx.x;
+        const bool valid = i < n;
+        const long long key = valid ? keys[i] : 0;
+        const int digit = valid ? label_digit(key, shift) : LABEL_SORT_THREADS;
+        for (int d = lane; d < LABEL_SORT_THREADS; d += 32) {
+            in_warp[warp][d] = 0;
+        }
+        __syncwarp();
+        const unsigned peers = __match_any_sync(0xffffffffu, digit);
+        if (valid && lane == __ffs(peers) - 1) {
+            in_warp[warp][digit] = __popc(peers);
+        }
+        __syncthreads();
+        if (valid) {
+            long long to = place[digit] + __popc(peers & ((1u << lane) - 1u));
+            for (int w = 0; w < warp; ++w) {
+                to += in_warp[w][digit];
+            }
+            keys_out[to] = key;
+            index_out[to] = first ? i : index[i];
+        }
+        __syncthreads();
+        int round = 0;
+#pragma unroll
+        for (int w = 0; w < warps; ++w) {
+            round += in_warp[w][threadIdx.x];
+        }
+        place[threadIdx.x] += round;
+        __syncthreads();
     }
 }
 

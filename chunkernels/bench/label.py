@@ -8,7 +8,9 @@ array (once), ``cupyx.scipy.ndimage.label`` and chunkernels on the whole CuPy ar
 median, and wall clock since both read the count back), chunkernels on a persisted Dask array of
 2048² CuPy chunks (threaded scheduler, one thread, and the synchronous scheduler; wall clock
 ending in a device synchronisation, median), and the same with the kernels launched through CuPy
-(releasing the GIL, where chunkernels holds it); where that run's time goes: Dask's own share (the
+(releasing the GIL, where chunkernels holds it), and with the graph NumPy chunks get (a task
+labelling each chunk, where one task labels CuPy chunks in batches, merges and relabels them); where
+that run's time goes: Dask's own share (the
 same graph with every task a no-op, :func:`chunkernels.bench.dask_alone`) and the tasks' own
 (called one after another without a scheduler); the merge of that run alone (on the device, and
 on the host from copies); and dask-image on NumPy chunks where it is installed.
@@ -16,6 +18,7 @@ on the host from copies); and dask-image on NumPy chunks where it is installed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -90,6 +93,17 @@ def run(args) -> dict:
         rows.append({"impl": f"{name} ({CHUNK}² chunks)",
                      "wall_s": wall_median(lambda: chunked(**kw), args.repeat)})
 
+    # the graph of NumPy chunks and clusters, a task per chunk's labelling, on these chunks
+    with _a_task_per_chunk():
+        labels, n = chunked()
+        same(labels.compute(), n.compute(), "chunkernels on Dask CuPy chunks, a task per chunk")
+        del labels
+        for name, kw in (("synchronous scheduler", {"scheduler": "sync"}),
+                         ("threads", {})):
+            rows.append({"impl": f"the same, a task per chunk's labelling, {name} ({CHUNK}² "
+                                 "chunks)", "wall_s": wall_median(lambda: chunked(**kw),
+                                                                  args.repeat)})
+
     # where a chunked run's time goes: Dask's own share (the same graph, every task a no-op),
     # and the tasks' own (called one after another, no scheduler)
     labels, n = ndimage.label(dx)
@@ -104,17 +118,16 @@ def run(args) -> dict:
     local = K._LocalLabels(structure, False)
 
     def tasks_alone():
-        results = [local(b) for b in blocks]
-        merged = K._merge_task(plan, results)
-        return [K._relabel(r, merged, b, plan.dtype) for b, r in enumerate(results)], \
-            K._count(merged)
+        labelled = K._label_blocks(plan, local, plan.dtype, blocks)
+        picked = [K._pick(labelled, b) for b in range(len(blocks))]
+        return picked, K._count_labelled(labelled, picked)
 
     tasks_labels, tasks_n = tasks_alone()
     same(cp.concatenate([cp.concatenate(tasks_labels[i:i + dx.numblocks[1]], axis=1)
                          for i in range(0, len(blocks), dx.numblocks[1])]), tasks_n,
          "the label's tasks called without Dask")
     del tasks_labels
-    rows.append({"impl": f"(the {2 * len(blocks) + 2} tasks alone, one after another, no "
+    rows.append({"impl": f"(the {len(blocks) + 2} tasks alone, one after another, no "
                          "scheduler)", "gpu_s": gpu_median(tasks_alone, args.repeat),
                  "wall_s": wall_median(lambda: (tasks_alone(), sync()), args.repeat)})
 
@@ -148,6 +161,20 @@ def run(args) -> dict:
               "features": count, "foreground": float(host.mean()), "rows": rows}
     report["markdown"] = _markdown(report)
     return report
+
+
+@contextlib.contextmanager
+def _a_task_per_chunk():
+    """Inside the block, CuPy chunks get the graph NumPy chunks get: a task labels each chunk,
+    the merge task only merges (see chunkernels.kernels.label._local_in_merge)."""
+    from chunkernels.kernels import label as K
+
+    before = K._local_in_merge
+    K._local_in_merge = lambda xp: False
+    try:
+        yield
+    finally:
+        K._local_in_merge = before
 
 
 def _same_partition(labels, want, count) -> bool:

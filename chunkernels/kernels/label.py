@@ -7,7 +7,9 @@ order of each component's first pixel, as SciPy numbers them. CUDA source:
 
 A label is not blockwise, so a Dask array gets its own graph (:func:`plan`), of
 ``2 * chunks + 2`` tasks whatever the number of labels (``3 * chunks + 2`` when a distributed
-client is current, so that only the summaries travel to the merge's worker):
+client is current, so that only the summaries travel to the merge's worker; for CuPy chunks
+under a local scheduler, one task does all three steps below and each chunk's task picks its
+labels, ``chunks + 2``, see :func:`_local_in_merge`):
 
 1. per chunk, a local labelling (SciPy on NumPy chunks, the CUDA kernels on CuPy chunks) and a
    small summary: the chunk's faces (first and last slice along every axis) and, for every line
@@ -275,17 +277,22 @@ def _scan_plan(device: int, n: int, dtype) -> _ScanPlan:
 
 class _ForestPlan:
     """What :class:`_Forest` launches for one block layout (device, shape, strides, dtype,
-    structure, index width), worked out once: the compiled kernels, their grids and their
-    scalar arguments. Dask's blocks mostly share a few layouts, so a block costs its
-    allocations and its launches."""
+    structure, index width), or for a batch of ``batch`` blocks of that layout, worked out once:
+    the compiled kernels, their grids and their scalar arguments. Dask's blocks mostly share a
+    few layouts, so a block costs its allocations and its launches."""
 
     __slots__ = ("index", "ctype", "dims", "grid", "tiles", "tiles_args", "merge", "merge_args",
-                 "flatten", "shape", "first_axis", "summary_size", "_writes", "_write_summary")
+                 "flatten", "shape", "size", "batch", "first_axis", "summary_size", "_writes",
+                 "_write_summary")
 
-    def __init__(self, x, structure, index64):
+    def __init__(self, x, structure, index64, batch=0):
         self.index = np.int64 if index64 else np.int32
         self.ctype = "long long" if index64 else "int"
         shape4, strides4 = _frame(x)
+        if batch:  # the blocks are the planes along axis 0 (see label_tiles in label.cu)
+            assert x.ndim < MAX_NDIM and batch <= _BATCH
+            shape4 = (batch, *shape4[1:])
+        self.batch = np.int32(batch)
         self.dims = tuple(self.index(n) for n in shape4)
         self.grid = _tile_grid(shape4)
         mask = np.uint64(structure_mask(structure, x.shape))
@@ -295,6 +302,7 @@ class _ForestPlan:
         self.merge_args = (*self.dims, mask)
         self.flatten = cuda.function("label", f"label_flatten<{self.ctype}>")
         self.shape = x.shape
+        self.size = x.size
         faces, lines = summary_layout(x.shape)
         self.first_axis = np.int32(MAX_NDIM - x.ndim)
         self.summary_size = sum(faces) + lines
@@ -321,35 +329,59 @@ class _ForestPlan:
 
 _FOREST_PLANS: dict[tuple, _ForestPlan] = {}
 _MAX_FOREST_PLANS = 1024
+#: Blocks labelled by one launch of each kernel at most (LABEL_BATCH in label.cu: the sources
+#: travel by value, one pointer each), and their pixels at most: a batch's scan of root flags
+#: is as large as its blocks, so the batch stays within what one block's would be under 2**26.
+_BATCH = 64
+_BATCH_PIXELS = 1 << 26
+#: label_tiles' sources (label_sources in label.cu): a struct of _BATCH pointers, by value.
+_SOURCES = np.dtype((np.void, 8 * _BATCH))
 
 
-def _forest_plan(x, structure, index64) -> _ForestPlan:
-    key = (x.device.id, x.shape, x.strides, x.dtype, structure.tobytes(), structure.shape, index64)
+def _forest_plan(x, structure, index64, batch=0) -> _ForestPlan:
+    key = (x.device.id, x.shape, x.strides, x.dtype, structure.tobytes(), structure.shape, index64,
+           batch)
     plan = _FOREST_PLANS.get(key)
     if plan is None:
         if len(_FOREST_PLANS) >= _MAX_FOREST_PLANS:
             _FOREST_PLANS.clear()
-        plan = _FOREST_PLANS[key] = _ForestPlan(x, structure, index64)
+        plan = _FOREST_PLANS[key] = _ForestPlan(x, structure, index64, batch)
     return plan
 
 
+def _sources(arrays) -> np.ndarray:
+    """label_tiles' ``xs``: the arrays' device pointers, as one struct passed by value."""
+    pointers = np.zeros(_BATCH, dtype=np.uint64)
+    pointers[:len(arrays)] = [a.data.ptr for a in arrays]
+    return pointers.view(_SOURCES)
+
+
 class _Forest:
-    """The union-find of one non-empty block on the device: ``parent`` (every foreground pixel's
-    root, the component's first pixel; -1 for background), C-ordered and flat, and ``rank``, a
+    """The union-find of one non-empty block on the device, or of a batch of blocks of one layout
+    (:meth:`batch`): ``parent`` (every foreground pixel's root, the component's first pixel; -1
+    for background), C-ordered and flat (a batch's blocks one after another), and ``rank``, a
     :class:`_Scan` of the root flags: a root's label is the number of roots up to it."""
 
     __slots__ = ("plan", "index", "parent", "rank")
 
-    def __init__(self, x, structure, index64):
+    def __init__(self, x, structure, index64, _blocks=None):
         cp = cuda.cupy()
-        if x.dtype.name not in _NATIVE:
+        if _blocks is None and x.dtype.name not in _NATIVE:
             x = x != 0
-        self.plan = plan = _forest_plan(x, structure, index64)
+        blocks = [x] if _blocks is None else _blocks
+        self.plan = plan = _forest_plan(x, structure, index64, 0 if _blocks is None else len(blocks))
         self.index = plan.index
-        self.parent = cp.empty(x.size, dtype=plan.index)
-        plan.tiles(plan.grid, _BLOCK, (x, self.parent, *plan.tiles_args))
+        self.parent = cp.empty(plan.size * len(blocks), dtype=plan.index)
+        plan.tiles(plan.grid, _BLOCK, (_sources(blocks), plan.batch, self.parent, *plan.tiles_args))
         plan.merge(plan.grid, _BLOCK, (self.parent, *plan.merge_args))
-        self.rank = _Scan(cp.empty(x.size, dtype=plan.index), plan.flatten, (self.parent,))
+        self.rank = _Scan(cp.empty(self.parent.size, dtype=plan.index), plan.flatten,
+                          (self.parent,))
+
+    @classmethod
+    def batch(cls, blocks, structure, index64):
+        """The forest of ``blocks`` (non-empty CuPy arrays of one layout and dtype, at most 3-D
+        and :data:`_BATCH` of them), labelled by one launch of each kernel."""
+        return cls(blocks[0], structure, index64, _blocks=blocks)
 
     def write(self, out):
         """Every pixel's label into ``out`` (any dtype of OUTPUT_DTYPES, any strides)."""
@@ -358,14 +390,20 @@ class _Forest:
                                         *strides))
         return out
 
-    def write_summary(self):
-        """Every pixel's label into the parent array itself, and the block's summary (see
-        :func:`summary_layout`); ``(labels in the block's shape, summary)``."""
+    def write_summary(self) -> list[tuple]:
+        """Every pixel's label into the parent array itself, numbered from 1 in each block, and
+        each block's summary (see :func:`summary_layout`); per block ``(labels in its shape,
+        summary)``."""
         plan = self.plan
-        summary = cuda.cupy().empty(plan.summary_size, dtype=plan.index)
-        plan.write_summary()(plan.grid, _BLOCK, (self.parent, *self.rank.args, summary,
-                                                 *plan.dims, plan.first_axis))
-        return self.parent.reshape(plan.shape), summary
+        count = max(1, int(plan.batch))
+        summaries = cuda.cupy().empty(plan.summary_size * count, dtype=plan.index)
+        plan.write_summary()(plan.grid, _BLOCK, (self.parent, *self.rank.args, summaries,
+                                                 *plan.dims, plan.first_axis, plan.batch))
+        if count == 1:
+            return [(self.parent.reshape(plan.shape), summaries)]
+        size, summary_size = plan.size, plan.summary_size
+        return [(self.parent[b * size:(b + 1) * size].reshape(plan.shape),
+                 summaries[b * summary_size:(b + 1) * summary_size]) for b in range(count)]
 
 
 _NATIVE = frozenset(d for d in GPU_DTYPES if d != "float16")
@@ -457,14 +495,18 @@ def _local_host(block, structure):
     return labels, _summary_host(labels)
 
 
+def _index64(block) -> bool:
+    """Whether the kernels index ``block`` with 64-bit integers."""
+    return block.size >= layout.INT32_MAX or layout.needs_index64(block)
+
+
 def _local_device(block, structure):
     """A CuPy block's local labels (in its parent array) and summary, launched, not waited on."""
     if block.size == 0:
         cp = cuda.cupy()
         faces, lines = summary_layout(block.shape)
         return cp.zeros(block.shape, dtype=np.int32), cp.zeros(sum(faces) + lines, np.int32)
-    return _Forest(block, structure, block.size >= layout.INT32_MAX or
-                   layout.needs_index64(block)).write_summary()
+    return _Forest(block, structure, _index64(block)).write_summary()[0]
 
 
 class _LocalLabels:
@@ -483,6 +525,34 @@ class _LocalLabels:
                 return _local_device(block, self.structure)
             labels, summary = _local_host(block.get(), self.structure)
             return cuda.cupy().asarray(labels), cuda.cupy().asarray(summary)
+
+    def many(self, blocks) -> list[tuple]:
+        """``[self(block) for block in blocks]``, CuPy blocks of one layout (device, shape,
+        strides, dtype; at most 3-D) labelled together, a batch (:meth:`_Forest.batch`) taking
+        one launch of each kernel where a block alone would take as many: what a task that
+        labels many blocks costs the host grows with their layouts, not their number."""
+        results = [None] * len(blocks)
+        batches = {}
+        for i, block in enumerate(blocks):
+            if (cuda.is_cupy_array(block) and 0 < block.size and block.ndim < MAX_NDIM
+                    and block.dtype.name in _NATIVE and not _index64(block)
+                    and SPEC.check_block(block, structure=self.structure)[0]):
+                key = (block.device.id, block.shape, block.strides, block.dtype)
+                batches.setdefault(key, []).append(i)
+            else:  # alone, or on the host (with a warning, or refused under strict)
+                results[i] = self(block)
+        for key, members in batches.items():
+            per_batch = max(1, min(_BATCH, _BATCH_PIXELS // blocks[members[0]].size))
+            for start in range(0, len(members), per_batch):
+                chunk = members[start:start + per_batch]
+                with blocks[chunk[0]].device:
+                    if len(chunk) == 1:
+                        results[chunk[0]] = _local_device(blocks[chunk[0]], self.structure)
+                        continue
+                    forest = _Forest.batch([blocks[i] for i in chunk], self.structure, False)
+                    for i, result in zip(chunk, forest.write_summary()):
+                        results[i] = result
+        return results
 
     def __dask_tokenize__(self):
         return ("chunkernels-label-local", self.structure.tobytes(), self.strict)
@@ -844,8 +914,7 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
             _flat_grid(faces), (_THREADS,),
             (values, device["face_at"], device["face_block"], device["first"], ends,
              *raster.args, device["segment"], keys, np.int64(faces)))
-        order = cp.argsort(keys)
-        sorted_keys = keys[order]
+        order, sorted_keys = _sort_device(keys, math.prod(plan.shape))
         at = cp.empty(faces, dtype=np.int64)
         cuda.function("label", "label_face_init")(
             _flat_grid(faces), (_THREADS,), (order, sorted_keys, at, root, np.int64(faces)))
@@ -864,6 +933,33 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     if not holds(plan.dtype, math.prod(plan.shape)):
         check_bit_depth(int(total), plan.dtype)
     return _DeviceNumbering(plan, ends, raster, sorted_keys, root, away, total)
+
+
+_SORT_THREADS = 256                # LABEL_SORT_THREADS in label.cu: one per digit of 8 bits
+_SORT_TILE = _SORT_THREADS * 4     # LABEL_SORT_TILE
+
+
+def _sort_device(keys, largest: int) -> tuple:
+    """``(cupy.argsort(keys), keys sorted)`` for int64 device ``keys`` that are ranks up to
+    ``largest`` or LABEL_NONE (sorted last), without the host waiting for the device: an LSD
+    radix sort, a pass per 8 bits up to ``largest``'s (``label_sort_*`` in label.cu), whose
+    passes each take a count, a scan and a scatter. Equal keys stay in their order."""
+    cp = cuda.cupy()
+    n = keys.size
+    tiles = -(-n // _SORT_TILE)
+    count = cuda.function("label", "label_sort_count")
+    scatter = cuda.function("label", "label_sort_scatter")
+    counts = cp.empty(_SORT_THREADS * tiles, dtype=np.int64)
+    buffers = [(cp.empty(n, dtype=np.int64), cp.empty(n, dtype=np.int64)) for _ in range(2)]
+    index = keys  # not read by the first pass
+    for p, shift in enumerate(range(0, (largest + 1).bit_length(), 8)):
+        count((tiles,), (_SORT_THREADS,), (keys, np.int64(n), np.int32(shift), counts))
+        scan = _Scan(counts)
+        keys_out, index_out = buffers[p % 2]
+        scatter((tiles,), (_SORT_THREADS,), (keys, index, np.int32(p == 0), np.int64(n),
+                                             np.int32(shift), *scan.args, keys_out, index_out))
+        keys, index = keys_out, index_out
+    return index, keys
 
 
 def most_labels(structure, shape) -> int:
@@ -1015,6 +1111,38 @@ def _count(merged):
     return np.asarray(int(total), dtype=np.intp)
 
 
+def _local_in_merge(xp) -> bool:
+    """Whether one task labels every block, merges and relabels them (:func:`_label_blocks`),
+    the chunks' tasks picking their labels from it: for CuPy blocks under a local scheduler.
+
+    Their labelling only queues kernels, and blocks of one layout share each launch (a batch,
+    :meth:`_LocalLabels.many`), so a task per block would add Dask's handling of a task, which
+    costs the host more than the launches, once per block and buy no parallelism; the
+    summaries and the merge stay on the device either way. NumPy blocks keep a task each,
+    labelled by SciPy in parallel (it releases the GIL), and so do blocks on a distributed
+    cluster, which are labelled where they lie and send only their summaries to the merge."""
+    return xp is not np and cluster.current() is None
+
+
+def _label_blocks(plan: _MergePlan, local, dtype, blocks):
+    """Steps 1 to 3 in one task: ``(every block's labels, the merge)``."""
+    results = local.many(blocks)
+    merged = _merge_task(plan, results)
+    return [_relabel(r, merged, b, dtype) for b, r in enumerate(results)], merged
+
+
+def _pick(labelled, b):
+    """Block ``b``'s labels from the result of :func:`_label_blocks`."""
+    return labelled[0][b]
+
+
+def _count_labelled(labelled, blocks):
+    """The number of labels from the result of :func:`_label_blocks`. ``blocks`` (the chunks'
+    labels, unused) make the scheduler run it after every pick: reading the number waits for
+    the device, and the picks then need not wait for it."""
+    return _count(labelled[1])
+
+
 def plan(x, structure, dtype=None, *, strict=False):
     """The labels of Dask array ``x`` and their number, as two lazy Dask arrays sharing one graph.
 
@@ -1027,7 +1155,7 @@ def plan(x, structure, dtype=None, *, strict=False):
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 
-    from chunkernels._apply import _block_tasks
+    from chunkernels._apply import _block_args, _block_tasks
 
     dtype = default_dtype(x.size) if dtype is None else np.dtype(dtype)
     xp = cuda.array_module(x)
@@ -1035,26 +1163,39 @@ def plan(x, structure, dtype=None, *, strict=False):
         labels, count = plan(x[None], check_structure(None, 1), dtype, strict=strict)
         return labels[0], count
     name = "label-" + tokenize(x, structure, dtype, strict)
-    graph, dependencies = _block_tasks(_LocalLabels(structure, strict), f"{name}-local", x, ())
-    local_keys = list(graph)
-    merged_from = local_keys
-    if cluster.current() is not None:
-        # on a cluster a task's whole result travels to the merge's worker: give it the
-        # summaries alone, not every chunk's labels
-        merged_from = [(f"{name}-summary", *key[1:]) for key in local_keys]
-        for key, local in zip(merged_from, local_keys):
-            graph[key] = Task(key, _summary_of, TaskRef(local))
+    local = _LocalLabels(structure, strict)
     merge_key = (f"{name}-merge",)
-    graph[merge_key] = Task(merge_key, _merge_task, _MergePlan(x.shape, x.chunks, structure, dtype),
-                            List(*(TaskRef(k) for k in merged_from)))
-    for b, key in enumerate(local_keys):
-        out_key = (name, *key[1:])
-        graph[out_key] = Task(out_key, _relabel, TaskRef(key), TaskRef(merge_key), b, dtype)
+    merge_plan = _MergePlan(x.shape, x.chunks, structure, dtype)
+    if _local_in_merge(xp):
+        # steps 1 to 3 in one task; each chunk's task picks its labels
+        args, dependencies = _block_args(x, ())
+        graph = {merge_key: Task(merge_key, _label_blocks, merge_plan, local, dtype,
+                                 List(*(a[0] for a in args.values())))}
+        for b, index in enumerate(args):
+            graph[(name, *index)] = Task((name, *index), _pick, TaskRef(merge_key), b)
+        count = Task((f"{name}-count",), _count_labelled, TaskRef(merge_key),
+                     List(*(TaskRef((name, *index)) for index in args)))
+    else:
+        graph, dependencies = _block_tasks(local, f"{name}-local", x, ())
+        local_keys = list(graph)
+        merged_from = local_keys
+        if cluster.current() is not None:
+            # on a cluster a task's whole result travels to the merge's worker: give it the
+            # summaries alone, not every chunk's labels
+            merged_from = [(f"{name}-summary", *key[1:]) for key in local_keys]
+            for key, local_key in zip(merged_from, local_keys):
+                graph[key] = Task(key, _summary_of, TaskRef(local_key))
+        graph[merge_key] = Task(merge_key, _merge_task, merge_plan,
+                                List(*(TaskRef(k) for k in merged_from)))
+        for b, key in enumerate(local_keys):
+            out_key = (name, *key[1:])
+            graph[out_key] = Task(out_key, _relabel, TaskRef(key), TaskRef(merge_key), b, dtype)
+        count = Task((f"{name}-count",), _count, TaskRef(merge_key))
     layer = HighLevelGraph.from_collections(name, graph, dependencies=dependencies)
     labels = da.Array(layer, name, chunks=x.chunks, dtype=dtype,
                       meta=xp.empty((0,) * x.ndim, dtype=dtype))
     count_name = f"{name}-count"
-    count_graph = {(count_name,): Task((count_name,), _count, TaskRef(merge_key))}
+    count_graph = {(count_name,): count}
     count_layer = HighLevelGraph.from_collections(count_name, count_graph, dependencies=[labels])
     count = da.Array(count_layer, count_name, chunks=(), dtype=np.intp,
                      meta=np.empty((), dtype=np.intp))
@@ -1118,6 +1259,8 @@ SPEC = KernelSpec(
         "label_slots<long long>",
         "label_face_keys<int>",
         "label_face_keys<long long>",
+        "label_sort_count",
+        "label_sort_scatter",
         "label_face_init",
         "label_face_unite",
         "label_face_roots",

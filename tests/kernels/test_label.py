@@ -432,6 +432,37 @@ def test_graph_is_linear_in_chunks_and_shares_the_merge():
     assert n == ndi.label(x.compute())[1]
 
 
+def test_one_merge_task_labels_every_block_when_asked(monkeypatch):
+    """CuPy blocks under a local scheduler are labelled, merged and relabelled by one task
+    (their labelling only queues kernels), each chunk's task picking its labels, the count
+    last. The same graph on NumPy blocks numbers as SciPy does, for every connectivity, 1-D to
+    4-D, uneven chunks and slabs."""
+    monkeypatch.setattr(K, "_local_in_merge", lambda xp: True)
+    x = da.from_array(np.random.default_rng(12).random((64, 64)) < 0.5, chunks=8).persist()
+    labels, count = ndimage.label(x)
+    graph = dict(labels.__dask_graph__())
+    assert len(graph) == x.npartitions + 1
+    assert len({**graph, **dict(count.__dask_graph__())}) == x.npartitions + 2
+    rng = np.random.default_rng(31)
+    for shape in [(200,), (37, 45), (9, 11, 10), (4, 5, 3, 6)]:
+        for structure in structures(len(shape)):
+            image = rng.random(shape) < 0.45
+            check("numpy", image, structure, chunks=label_chunkings(shape)[1:], whole=False)
+    # a lazy input stays a node the task depends on; the count comes after every chunk's pick
+    image = rng.random((30, 41)) < 0.5
+    lazy = da.from_array(image, chunks=(7, 9)) > 0
+    labels, count = ndimage.label(lazy)
+    np.testing.assert_array_equal(labels.compute(), ndi.label(image)[0])
+    assert int(count.compute()) == ndi.label(image)[1]
+    order = dask.order.order(dict(dask.optimize(labels, count)[1].__dask_graph__()))
+    assert max(order, key=order.get)[0] == count.name
+
+
+def test_the_graph_labels_numpy_blocks_in_a_task_each():
+    """NumPy blocks are labelled by SciPy, which releases the GIL: a task each, in parallel."""
+    assert not K._local_in_merge(np)
+
+
 def _merged(x, s, chunks):
     """The merge of ``x``'s blocks as the graph computes it: per block its local labels and its
     part of the merge, and the number of labels."""
@@ -638,6 +669,75 @@ def test_device_merge_numbers_like_scipy_without_leaving_the_device(shape, chunk
         assert cuda.is_cupy_array(got) and got.dtype == dtype
         out[where] = got.get()
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, chunks, connectivity", [
+    ((70, 90), (16, 25), 1), ((70, 90), (16, 25), 2), ((64, 64), (32, 32), 1),
+    ((13, 30, 21), (5, 8, 7), 3), ((13, 30, 21), (5, 8, 7), 1), ((300,), (37,), 1),
+    ((6, 5, 7, 4), (2, 3, 3, 2), 4)])
+@pytest.mark.parametrize("view", ["c", "reversed", "fortran"])
+@pytest.mark.parametrize("split", [False, True])
+def test_a_batch_labels_every_block_as_it_would_alone(shape, chunks, connectivity, view, split,
+                                                      monkeypatch):
+    """Blocks of one layout labelled together (one launch of each kernel, _LocalLabels.many):
+    every block's labels and summary are bit for bit those it gets alone. Uneven edges make
+    several layouts, views make strided sources, 4-D blocks go alone, and ``split`` caps a
+    batch's pixels so that the blocks of a layout take several batches."""
+    cp = pytest.importorskip("cupy")
+    x = np.random.default_rng(25).random(shape) < 0.5
+    s = ndi.generate_binary_structure(len(shape), connectivity)
+    data = cp.asarray(x)
+    if view == "reversed":
+        data = data[(slice(None, None, -1),) * len(shape)]
+    elif view == "fortran":
+        data = cp.asfortranarray(data)
+    dx = da.from_array(data, chunks=chunks, asarray=False)
+    blocks = [dx.blocks[i].compute() for i in np.ndindex(*dx.numblocks)]
+    if split:
+        monkeypatch.setattr(K, "_BATCH_PIXELS", 3 * math.prod(chunks))
+    local = K._LocalLabels(s, True)
+    alone = [local(b) for b in blocks]
+    together = local.many(blocks)
+    assert len(together) == len(blocks)
+    for (labels, summary), (want_labels, want_summary) in zip(together, alone):
+        assert labels.shape == want_labels.shape and summary.shape == want_summary.shape
+        np.testing.assert_array_equal(labels.get(), want_labels.get())
+        np.testing.assert_array_equal(summary.get(), want_summary.get())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n, largest", [(1, 1), (5, 3), (1023, 255), (1024, 256), (1025, 70000),
+                                        (131072, 8192 * 8192), (300_001, 1 << 40)])
+def test_device_sort_is_numpys_stable_argsort(n, largest):
+    """The merge's radix sort of face ranks (no wait for the device): the order of NumPy's
+    stable argsort, with LABEL_NONE (the background) last."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(n)
+    keys = rng.integers(0, min(largest, 3 * n) + 1, n)  # duplicates: nodes on many face pixels
+    keys[rng.random(n) < 0.2] = 0x7FFFFFFFFFFFFFFF
+    order, ordered = K._sort_device(cp.asarray(keys), largest)
+    want = np.argsort(keys, kind="stable")
+    np.testing.assert_array_equal(order.get(), want)
+    np.testing.assert_array_equal(ordered.get(), keys[want])
+
+
+@pytest.mark.gpu
+def test_a_batch_leaves_out_blocks_it_cannot_take():
+    """Empty blocks, float16 blocks (read as ``x != 0`` first), host blocks and blocks of
+    another device layout go alone; the rest share a batch; all as alone."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(26)
+    s = ndi.generate_binary_structure(2, 1)
+    blocks = [cp.asarray(rng.random((20, 30)) < 0.5) for _ in range(3)]
+    blocks += [cp.zeros((0, 30), bool), cp.asarray(rng.random((20, 30)) < 0.5, dtype=cp.float16),
+               rng.random((20, 30)) < 0.5, cp.asarray(rng.random((30, 20)) < 0.5).T]
+    local = K._LocalLabels(s, True)
+    for (labels, summary), block in zip(local.many(blocks), blocks):
+        want_labels, want_summary = local(block)
+        assert type(labels) is type(want_labels)
+        np.testing.assert_array_equal(cp.asnumpy(labels), cp.asnumpy(want_labels))
+        np.testing.assert_array_equal(cp.asnumpy(summary), cp.asnumpy(want_summary))
 
 
 @pytest.mark.gpu
