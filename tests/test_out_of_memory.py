@@ -78,16 +78,34 @@ def _warm_up() -> None:
 
 def _limited_pool(extra: int) -> int:
     """Free CuPy's cached blocks and cap the pool at what is in use plus ``extra`` bytes; returns
-    the bytes in use."""
+    the bytes in use.
+
+    Free parts of the pool's chunks that something still lives in cannot be given back, and an
+    allocation that fits one of them would not meet the cap: they are taken first, held until
+    :func:`_unlimited_pool`, and counted as in use."""
     import cupy as cp
 
     cp.cuda.Device().synchronize()
     gc.collect()  # as _pool_used does: garbage of earlier tests is not counted in either
     pool = cp.get_default_memory_pool()
     pool.free_all_blocks()
+    size = pool.total_bytes() - pool.used_bytes()
+    while size >= 512:
+        total = pool.total_bytes()
+        fragment = cp.empty(size, dtype=cp.uint8)
+        if pool.total_bytes() > total:  # fitted no free part: new memory, give it back
+            del fragment
+            pool.free_all_blocks()
+            size //= 2
+        else:
+            _HELD.append(fragment)
+            size = pool.total_bytes() - pool.used_bytes()
     used = pool.used_bytes()
     pool.set_limit(size=used + extra)
     return used
+
+
+_HELD: list = []  # the free parts of the pool's chunks that _limited_pool took
 
 
 def _pool_used() -> int:
@@ -101,6 +119,7 @@ def _unlimited_pool() -> None:
     import cupy as cp
 
     cp.get_default_memory_pool().set_limit(size=0)
+    _HELD.clear()
 
 
 OOM_2048 = (r"gaussian_filter: the GPU ran out of memory on a block of shape \(2048, 2048\) "
