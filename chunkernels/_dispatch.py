@@ -86,7 +86,15 @@ def device_memory(device) -> dict[str, Any]:
         free, total = cp.cuda.runtime.memGetInfo()
         name = cp.cuda.runtime.getDeviceProperties(device.id)["name"].decode()
     return {"id": device.id, "name": name, "free": free, "total": total,
-            "pool_limit": cp.get_default_memory_pool().get_limit()}
+            "pool_limit": pool_in_use().get_limit()}
+
+
+def pool_in_use():
+    """The CuPy memory pool allocations go to: the current allocator's when it is a pool's
+    (``cupy.cuda.set_allocator(pool.malloc)``), else CuPy's default pool."""
+    cp = cuda.cupy()
+    pool = getattr(cp.cuda.get_allocator(), "__self__", None)
+    return pool if isinstance(pool, cp.cuda.MemoryPool) else cp.get_default_memory_pool()
 
 
 def out_of_memory_message(kernel: str, shape: tuple[int, ...], dtype, depth: Sequence,

@@ -77,49 +77,33 @@ def _warm_up() -> None:
 
 
 def _limited_pool(extra: int) -> int:
-    """Free CuPy's cached blocks and cap the pool at what is in use plus ``extra`` bytes; returns
-    the bytes in use.
+    """Send CuPy's allocations to a new memory pool capped at ``extra`` bytes (until
+    :func:`_unlimited_pool`); returns the bytes it holds (none).
 
-    Free parts of the pool's chunks that something still lives in cannot be given back, and an
-    allocation that fits one of them would not meet the cap: they are taken first, held until
-    :func:`_unlimited_pool`, and counted as in use."""
+    A new pool, not the default one capped at what it holds: free parts of the default pool's
+    chunks that something still lives in cannot be given back, and an allocation that fits one
+    of them would not meet the cap (other tests in the process leave such parts)."""
     import cupy as cp
 
     cp.cuda.Device().synchronize()
-    gc.collect()  # as _pool_used does: garbage of earlier tests is not counted in either
-    pool = cp.get_default_memory_pool()
-    pool.free_all_blocks()
-    size = pool.total_bytes() - pool.used_bytes()
-    while size >= 512:
-        total = pool.total_bytes()
-        fragment = cp.empty(size, dtype=cp.uint8)
-        if pool.total_bytes() > total:  # fitted no free part: new memory, give it back
-            del fragment
-            pool.free_all_blocks()
-            size //= 2
-        else:
-            _HELD.append(fragment)
-            size = pool.total_bytes() - pool.used_bytes()
-    used = pool.used_bytes()
-    pool.set_limit(size=used + extra)
-    return used
-
-
-_HELD: list = []  # the free parts of the pool's chunks that _limited_pool took
+    gc.collect()
+    pool = cp.cuda.MemoryPool()
+    pool.set_limit(size=extra)
+    cp.cuda.set_allocator(pool.malloc)
+    return pool.used_bytes()
 
 
 def _pool_used() -> int:
-    import cupy as cp
+    from chunkernels._dispatch import pool_in_use
 
     gc.collect()  # an error's traceback holds the frames of the failed call until collected
-    return cp.get_default_memory_pool().used_bytes()
+    return pool_in_use().used_bytes()
 
 
 def _unlimited_pool() -> None:
     import cupy as cp
 
-    cp.get_default_memory_pool().set_limit(size=0)
-    _HELD.clear()
+    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
 
 
 OOM_2048 = (r"gaussian_filter: the GPU ran out of memory on a block of shape \(2048, 2048\) "
@@ -140,10 +124,7 @@ def test_out_of_memory_on_a_gpu_then_the_next_call_runs():
     try:
         with pytest.raises(GPUOutOfMemoryError, match="^" + OOM_2048):
             chunkernels.ndimage.gaussian_filter(x, 4)
-        # nothing of the failed call is left on the device (less may be: a cache of earlier
-        # tests in this process can let go of a block meanwhile; 3584 bytes did, in the full
-        # GPU suite, never in the test alone)
-        assert _pool_used() <= used
+        assert _pool_used() == used  # nothing of the failed call is left on the device
         # the same process under the same limit: a quarter of the array fits, and is right
         got = chunkernels.ndimage.gaussian_filter(x[:1024, :1024], 4)
         assert_close(got, ndi.gaussian_filter(x_np[:1024, :1024], 4), rtol=1e-5, atol=1e-5)
@@ -194,7 +175,7 @@ def test_out_of_memory_assembling_a_halo_buffer_names_the_kernel_and_a_rechunk()
                 r"along axis 0 and 16 on one side along axis 1\): OutOfMemoryError: .* e\.g\. x "
                 r"= x\.rechunk\(\(512, 512\)\)")):
             chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
-        assert _pool_used() <= used  # nothing of the failed task is left (as above)
+        assert _pool_used() == used  # nothing of the failed task is left (as above)
     finally:
         _unlimited_pool()
     got = chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
