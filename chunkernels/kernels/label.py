@@ -896,7 +896,7 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     cp = cuda.cupy()
     layout = _layout(plan.shape, plan.chunks)
     device = layout.on_device()
-    values = cp.concatenate([s.ravel() for s in summaries])
+    values = _joined(summaries)
     ctype = cuda.cuda_type(values.dtype)
     slots = len(layout.ends_at)
     ends = cp.empty(slots, dtype=np.int64)
@@ -933,6 +933,20 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     if not holds(plan.dtype, math.prod(plan.shape)):
         check_bit_depth(int(total), plan.dtype)
     return _DeviceNumbering(plan, ends, raster, sorted_keys, root, away, total)
+
+
+def _joined(parts):
+    """The device arrays ``parts`` end to end, as one flat array: a view of their memory when
+    they already lie so in one allocation (the summaries of a batch), else a copy."""
+    cp = cuda.cupy()
+    first = parts[0]
+    at = first.data.ptr
+    for part in parts:
+        if (part.dtype != first.dtype or not part.flags.c_contiguous
+                or part.data.mem is not first.data.mem or part.data.ptr != at):
+            return cp.concatenate([p.ravel() for p in parts])
+        at += part.nbytes
+    return cp.ndarray((sum(p.size for p in parts),), dtype=first.dtype, memptr=first.data)
 
 
 _SORT_THREADS = 256                # LABEL_SORT_THREADS in label.cu: one per digit of 8 bits

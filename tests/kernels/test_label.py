@@ -723,6 +723,24 @@ def test_device_sort_is_numpys_stable_argsort(n, largest):
 
 
 @pytest.mark.gpu
+def test_summaries_lying_end_to_end_are_joined_without_a_copy():
+    """A batch's summaries lie one after another in one allocation: the merge reads them as
+    one view. Anything else (a gap, another allocation, another dtype, a strided part) is
+    copied end to end, as cupy.concatenate does."""
+    cp = pytest.importorskip("cupy")
+    whole = cp.arange(30, dtype=cp.int32)
+    parts = [whole[0:10], whole[10:22], whole[22:30]]
+    joined = K._joined(parts)
+    assert joined.data.ptr == whole.data.ptr and joined.size == 30
+    np.testing.assert_array_equal(joined.get(), np.arange(30))
+    for others in ([whole[0:10], whole[11:22]], [whole[0:10], cp.arange(10, 22, dtype=cp.int32)],
+                   [whole[0:10], whole[10:22].astype(cp.int64)], [whole[0:10], whole[10:30:2]]):
+        got = K._joined(others)
+        assert got.data.ptr != whole.data.ptr
+        np.testing.assert_array_equal(got.get(), np.concatenate([o.get() for o in others]))
+
+
+@pytest.mark.gpu
 def test_a_batch_leaves_out_blocks_it_cannot_take():
     """Empty blocks, float16 blocks (read as ``x != 0`` first), host blocks and blocks of
     another device layout go alone; the rest share a batch; all as alone."""
