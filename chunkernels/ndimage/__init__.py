@@ -24,6 +24,7 @@ from chunkernels.ndimage._filters import uniform_filter1d as uniform_filter1d
 from chunkernels.ndimage._support import FilterArgumentError as FilterArgumentError
 from chunkernels.ndimage._support import FilterAxisError as FilterAxisError
 from chunkernels.ndimage._support import FilterTypeError as FilterTypeError
+from chunkernels.ndimage._support import FilterZeroDivisionError as FilterZeroDivisionError
 from chunkernels.ndimage._interpolation import InterpolationError as InterpolationError
 from chunkernels.ndimage._interpolation import resize as resize
 from chunkernels.ndimage._interpolation import spline_filter as spline_filter

@@ -154,8 +154,9 @@ def gaussian_filter1d(input, sigma, axis=-1, order=0, output=None, mode="reflect
     # gaussian_filter skips axes with sigma <= 1e-15; scipy's gaussian_filter1d builds the kernel
     # whatever sigma is, so a sigma that gives no kernel is an error here, as it is there
     if sigma == 0:
-        raise S.FilterArgumentError("sigma must be positive for gaussian_filter1d: sigma=0 gives "
-                                    "no Gaussian kernel (gaussian_filter skips such axes)")
+        raise S.FilterZeroDivisionError("sigma must be positive for gaussian_filter1d: sigma=0 "
+                                        "gives no Gaussian kernel (gaussian_filter skips such "
+                                        "axes)")
     if radius is None and int(S.real_number(truncate, "truncate") * sigma + 0.5) < 0:
         raise S.FilterArgumentError(
             f"Radius must be a nonnegative integer: sigma={sigma} and truncate={truncate} give a "

@@ -46,6 +46,12 @@ class FilterAxisError(np.exceptions.AxisError, FilterArgumentError):
     scipy.ndimage raises, and a :class:`FilterArgumentError`."""
 
 
+class FilterZeroDivisionError(ZeroDivisionError, FilterArgumentError):
+    """A parameter that leaves a filter nothing to compute with, such as ``sigma=0`` for
+    ``gaussian_filter1d``: a ``ZeroDivisionError``, which is what scipy.ndimage runs into there,
+    and a :class:`FilterArgumentError` that says why."""
+
+
 #: Dtypes scipy.ndimage's filters read and write (float16 and long double raise there).
 SCIPY_DTYPES = frozenset(np.dtype(d) for d in (
     "bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",

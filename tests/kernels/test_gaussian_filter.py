@@ -158,6 +158,20 @@ def test_errors_before_any_work(kwargs, match):
             raise RuntimeError from exc
 
 
+@pytest.mark.parametrize("sigma", [0, 0.0, -0.0])
+def test_gaussian_filter1d_refuses_a_zero_sigma_as_scipy_does(sigma):
+    """scipy.ndimage.gaussian_filter1d divides by zero building the kernel; chunkernels says
+    why, with an error that is a ZeroDivisionError too (gaussian_filter skips such axes)."""
+    x = np.arange(10.0)
+    with pytest.raises(ZeroDivisionError):
+        ndi.gaussian_filter1d(x, sigma)
+    for data in (x, da.from_array(x, chunks=4)):
+        with pytest.raises(ZeroDivisionError, match="sigma must be positive") as caught:
+            ndimage.gaussian_filter1d(data, sigma)
+        assert isinstance(caught.value, FilterArgumentError)
+    assert_close(ndimage.gaussian_filter(x, sigma), ndi.gaussian_filter(x, sigma))
+
+
 def test_output_array_must_match():
     with pytest.raises(FilterArgumentError, match="output shape not correct"):
         ndimage.gaussian_filter(np.zeros((4, 4)), 1.0, output=np.zeros((3, 4)))
