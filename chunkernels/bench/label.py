@@ -166,15 +166,15 @@ def run(args) -> dict:
 @contextlib.contextmanager
 def _a_task_per_chunk():
     """Inside the block, CuPy chunks get the graph NumPy chunks get: a task labels each chunk,
-    the merge task only merges (see chunkernels.kernels.label._local_in_merge)."""
+    the merge task only merges (see chunkernels.kernels.label._one_task_labels)."""
     from chunkernels.kernels import label as K
 
-    before = K._local_in_merge
-    K._local_in_merge = lambda xp: False
+    before = K._one_task_labels
+    K._one_task_labels = lambda xp: False
     try:
         yield
     finally:
-        K._local_in_merge = before
+        K._one_task_labels = before
 
 
 def _same_partition(labels, want, count) -> bool:

@@ -9,7 +9,7 @@ A label is not blockwise, so a Dask array gets its own graph (:func:`plan`), of
 ``2 * chunks + 2`` tasks whatever the number of labels (``3 * chunks + 2`` when a distributed
 client is current, so that only the summaries travel to the merge's worker; for CuPy chunks
 under a local scheduler, one task does all three steps below and each chunk's task picks its
-labels, ``chunks + 2``, see :func:`_local_in_merge`):
+labels, ``chunks + 2``, see :func:`_one_task_labels`):
 
 1. per chunk, a local labelling (SciPy on NumPy chunks, the CUDA kernels on CuPy chunks) and a
    small summary: the chunk's faces (first and last slice along every axis) and, for every line
@@ -1125,7 +1125,7 @@ def _count(merged):
     return np.asarray(int(total), dtype=np.intp)
 
 
-def _local_in_merge(xp) -> bool:
+def _one_task_labels(xp) -> bool:
     """Whether one task labels every block, merges and relabels them (:func:`_label_blocks`),
     the chunks' tasks picking their labels from it: for CuPy blocks under a local scheduler.
 
@@ -1180,15 +1180,15 @@ def plan(x, structure, dtype=None, *, strict=False):
     local = _LocalLabels(structure, strict)
     merge_key = (f"{name}-merge",)
     merge_plan = _MergePlan(x.shape, x.chunks, structure, dtype)
-    if _local_in_merge(xp):
+    if _one_task_labels(xp):
         # steps 1 to 3 in one task; each chunk's task picks its labels
         args, dependencies = _block_args(x, ())
         graph = {merge_key: Task(merge_key, _label_blocks, merge_plan, local, dtype,
                                  List(*(a[0] for a in args.values())))}
         for b, index in enumerate(args):
             graph[(name, *index)] = Task((name, *index), _pick, TaskRef(merge_key), b)
-        count = Task((f"{name}-count",), _count_labelled, TaskRef(merge_key),
-                     List(*(TaskRef((name, *index)) for index in args)))
+        count_task = Task((f"{name}-count",), _count_labelled, TaskRef(merge_key),
+                          List(*(TaskRef((name, *index)) for index in args)))
     else:
         graph, dependencies = _block_tasks(local, f"{name}-local", x, ())
         local_keys = list(graph)
@@ -1204,12 +1204,12 @@ def plan(x, structure, dtype=None, *, strict=False):
         for b, key in enumerate(local_keys):
             out_key = (name, *key[1:])
             graph[out_key] = Task(out_key, _relabel, TaskRef(key), TaskRef(merge_key), b, dtype)
-        count = Task((f"{name}-count",), _count, TaskRef(merge_key))
+        count_task = Task((f"{name}-count",), _count, TaskRef(merge_key))
     layer = HighLevelGraph.from_collections(name, graph, dependencies=dependencies)
     labels = da.Array(layer, name, chunks=x.chunks, dtype=dtype,
                       meta=xp.empty((0,) * x.ndim, dtype=dtype))
     count_name = f"{name}-count"
-    count_graph = {(count_name,): count}
+    count_graph = {(count_name,): count_task}
     count_layer = HighLevelGraph.from_collections(count_name, count_graph, dependencies=[labels])
     count = da.Array(count_layer, count_name, chunks=(), dtype=np.intp,
                      meta=np.empty((), dtype=np.intp))

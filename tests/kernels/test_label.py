@@ -432,12 +432,12 @@ def test_graph_is_linear_in_chunks_and_shares_the_merge():
     assert n == ndi.label(x.compute())[1]
 
 
-def test_one_merge_task_labels_every_block_when_asked(monkeypatch):
+def test_one_task_labels_every_block_when_asked(monkeypatch):
     """CuPy blocks under a local scheduler are labelled, merged and relabelled by one task
     (their labelling only queues kernels), each chunk's task picking its labels, the count
     last. The same graph on NumPy blocks numbers as SciPy does, for every connectivity, 1-D to
     4-D, uneven chunks and slabs."""
-    monkeypatch.setattr(K, "_local_in_merge", lambda xp: True)
+    monkeypatch.setattr(K, "_one_task_labels", lambda xp: True)
     x = da.from_array(np.random.default_rng(12).random((64, 64)) < 0.5, chunks=8).persist()
     labels, count = ndimage.label(x)
     graph = dict(labels.__dask_graph__())
@@ -460,7 +460,7 @@ def test_one_merge_task_labels_every_block_when_asked(monkeypatch):
 
 def test_the_graph_labels_numpy_blocks_in_a_task_each():
     """NumPy blocks are labelled by SciPy, which releases the GIL: a task each, in parallel."""
-    assert not K._local_in_merge(np)
+    assert not K._one_task_labels(np)
 
 
 def _merged(x, s, chunks):
