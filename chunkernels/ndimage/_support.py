@@ -144,6 +144,11 @@ def check_axis(axis, ndim: int) -> int:
     if ndim == 0:
         raise FilterAxisError(f"axis {axis} is out of bounds for array of dimension 0: this "
                               f"filter needs an array with at least one axis")
+    if (isinstance(axis, numbers.Real) and not isinstance(axis, numbers.Integral)
+            and not -ndim <= axis < ndim):
+        # scipy checks the range before the type: axis=1.0 on 1-d data is an AxisError there
+        raise FilterAxisError(f"axis {axis} is out of bounds for array of dimension {ndim}; "
+                              f"axes count from -{ndim} to {ndim - 1}")
     return check_axes((axis,), ndim)[0]
 
 

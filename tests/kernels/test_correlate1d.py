@@ -259,6 +259,25 @@ def test_errors_before_any_work(args, kwargs, error, match):
             ndimage.correlate1d(x, *args, **kwargs)
 
 
+@pytest.mark.parametrize("axis, shape", [(1.0, (4,)), (2.5, (4,)), (-2.0, (4,)), (0.0, (4,)),
+                                         (-1.0, (4,)), (1.0, (3, 4)), (True, (4,)), (True, (3, 4))])
+@pytest.mark.parametrize("name, args", [("correlate1d", ([1, 2, 1],)), ("uniform_filter1d", (3,)),
+                                        ("gaussian_filter1d", (1.0,))])
+def test_a_float_axis_fails_as_in_scipy(axis, shape, name, args):
+    """scipy checks a single axis's range before its type: a float out of range is an
+    AxisError, one in range a TypeError (a bool is an integer)."""
+    x = np.arange(np.prod(shape), dtype=float).reshape(shape)
+    try:
+        want = getattr(ndi, name)(x, *args, axis=axis)
+    except (TypeError, ValueError) as exc:  # AxisError is a ValueError
+        error = np.exceptions.AxisError if isinstance(exc, np.exceptions.AxisError) else TypeError
+        for data in (x, da.from_array(x, chunks=2)):
+            with pytest.raises(error):
+                getattr(ndimage, name)(data, *args, axis=axis)
+    else:
+        assert_close(getattr(ndimage, name)(x, *args, axis=axis), want)
+
+
 def test_error_classes():
     with pytest.raises(FilterAxisError):
         ndimage.correlate1d(np.zeros(4), [1], axis=-2)
