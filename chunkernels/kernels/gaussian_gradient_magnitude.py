@@ -38,9 +38,7 @@ def validate(ndim, sigma, mode="reflect", cval=0.0, axes=None, truncate=4.0, rad
     as scipy passes them (so ``sigma`` is one per axis of the input)."""
     axes = S.check_axes(axes, ndim)
     sigma, radius, truncate = GL.smoothing(ndim, sigma, truncate, radius, axes)
-    # scipy's generic_gradient_magnitude reads no mode when no axis is filtered
-    return {"sigma": sigma, "axes": axes, "mode": S.modes(mode, len(axes)) if axes else (),
-            "radius": radius,
+    return {"sigma": sigma, "axes": axes, "mode": S.modes(mode, len(axes)), "radius": radius,
             "cval": S.check_cval(cval), "truncate": truncate, "output": S.output_dtype(output)}
 
 

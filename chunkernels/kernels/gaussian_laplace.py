@@ -38,10 +38,8 @@ def validate(ndim, sigma, mode="reflect", cval=0.0, axes=None, truncate=4.0, rad
     full = _full_sigma(ndim, S.per_axis(sigma, len(axes), "sigma"), axes)
     full, radius, truncate = smoothing(ndim, full, truncate, radius, axes)
     return {"sigma": tuple(full) if len(axes) == ndim else tuple(full[ax] for ax in axes),
-            "axes": axes,
-            "mode": S.modes(mode, len(axes)) if axes else (),  # as laplace's
-            "radius": radius, "cval": S.check_cval(cval),
-            "truncate": truncate, "output": S.output_dtype(output)}
+            "axes": axes, "mode": S.modes(mode, len(axes)), "radius": radius,
+            "cval": S.check_cval(cval), "truncate": truncate, "output": S.output_dtype(output)}
 
 
 def smoothing(ndim, sigma, truncate, radius, axes):

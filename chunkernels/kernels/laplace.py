@@ -26,9 +26,7 @@ def reference(x, *, axes, mode, cval=0.0, output=None):
 def validate(ndim, mode="reflect", cval=0.0, axes=None, output=None):
     """scipy.ndimage.laplace's parameters; ``mode`` may give one mode per filtered axis."""
     axes = S.check_axes(axes, ndim)
-    # scipy's generic_laplace reads no mode when no axis is filtered
-    return {"axes": axes, "mode": S.modes(mode, len(axes)) if axes else (),
-            "cval": S.check_cval(cval),
+    return {"axes": axes, "mode": S.modes(mode, len(axes)), "cval": S.check_cval(cval),
             "output": S.output_dtype(output)}
 
 

@@ -262,15 +262,10 @@ def _as_array(a):
 def _check_dtype(dtype, what):
     """``dtype`` if SciPy's interpolation reads and writes it (not float16, nor long double), or
     :class:`InterpolationError`, as SciPy's C code raises for those."""
-    from chunkernels.ndimage._support import SCIPY_DTYPES
+    from chunkernels.ndimage._support import check_dtype
 
-    dtype = np.dtype(dtype)
-    if dtype not in SCIPY_DTYPES:
-        accepted = ", ".join(sorted(d.name for d in SCIPY_DTYPES))
-        raise InterpolationError(f"array type {dtype} not supported: the {what} has dtype "
-                                 f"{dtype}; scipy.ndimage interpolates {accepted} (convert it "
-                                 f"first, e.g. x.astype(numpy.float32))")
-    return dtype
+    return check_dtype(dtype, what, error=InterpolationError,
+                       takes="scipy.ndimage interpolates")
 
 
 def _output(output, x, shape):

@@ -58,13 +58,15 @@ SCIPY_DTYPES = frozenset(np.dtype(d) for d in (
     "float32", "float64", "complex64", "complex128"))
 
 
-def check_dtype(dtype, what: str = "input") -> np.dtype:
-    """``dtype`` if scipy.ndimage's filters take it, else :class:`FilterArgumentError`."""
+def check_dtype(dtype, what: str = "input", *, error=None,
+                takes: str = "the filters take") -> np.dtype:
+    """``dtype`` if scipy.ndimage takes it (its filters, and its interpolation), else ``error``
+    (default :class:`FilterArgumentError`) saying what ``takes`` the accepted dtypes."""
     dtype = np.dtype(dtype)
     if dtype not in SCIPY_DTYPES:
         accepted = ", ".join(sorted(d.name for d in SCIPY_DTYPES))
-        raise FilterArgumentError(
-            f"array type {dtype} not supported: the {what} has dtype {dtype}; the filters take "
+        raise (error or FilterArgumentError)(
+            f"array type {dtype} not supported: the {what} has dtype {dtype}; {takes} "
             f"{accepted} (convert it first, e.g. x.astype(numpy.float32))")
     return dtype
 
@@ -113,7 +115,10 @@ def per_axis(value, count: int, name: str) -> list:
 
 
 def modes(mode, count: int) -> tuple[str, ...]:
-    """One canonical mode per filtered axis (``mode`` is a name or a sequence of names)."""
+    """One canonical mode per filtered axis (``mode`` is a name or a sequence of names); none,
+    and ``mode`` not read, where no axis is filtered, as scipy's generic filters read it."""
+    if not count:
+        return ()
     return tuple(canonical_mode(m) for m in per_axis(mode, count, "mode"))
 
 
