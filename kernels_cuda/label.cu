@@ -276,18 +276,14 @@ __global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const
                               label_joins_above(in_plane, touching,
                                                 col > 0 && parent[p - 1] >= 0,
                                                 col + 1 < n3 && parent[p + 1] >= 0));
-        } else {
-            if ((in_plane & 1u) && (top || left) && row > 0 && col > 0 &&
-                parent[p - n3 - 1] >= 0) {
-                label_unite(parent, p, p - n3 - 1);
-            }
-            if ((in_plane & 2u) && top && row > 0 && parent[p - n3] >= 0) {
-                label_unite(parent, p, p - n3);
-            }
-            if ((in_plane & 4u) && (top || right) && row > 0 && col + 1 < n3 &&
-                parent[p - n3 + 1] >= 0) {
-                label_unite(parent, p, p - n3 + 1);
-            }
+        } else if (row > 0) {
+            // every foreground neighbour above that label_tiles could not reach
+            label_unite_above(parent, p, n3,
+                              ((in_plane & 1u) && (top || left) && col > 0 &&
+                               parent[p - n3 - 1] >= 0 ? 1u : 0u) |
+                              ((in_plane & 2u) && top && parent[p - n3] >= 0 ? 2u : 0u) |
+                              ((in_plane & 4u) && (top || right) && col + 1 < n3 &&
+                               parent[p - n3 + 1] >= 0 ? 4u : 0u));
         }
         if ((in_plane & 8u) && left && col > 0 && parent[p - 1] >= 0) {
             label_unite(parent, p, p - 1);

@@ -546,9 +546,6 @@ class _LocalLabels:
             for start in range(0, len(members), per_batch):
                 chunk = members[start:start + per_batch]
                 with blocks[chunk[0]].device:
-                    if len(chunk) == 1:
-                        results[chunk[0]] = _local_device(blocks[chunk[0]], self.structure)
-                        continue
                     forest = _Forest.batch([blocks[i] for i in chunk], self.structure, False)
                     for i, result in zip(chunk, forest.write_summary()):
                         results[i] = result
