@@ -32,6 +32,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -400,12 +401,8 @@ def launches_holding_gil(hold: bool) -> Iterator[None]:
     """Inside the block, kernels launch holding the GIL (``hold``, the library's way: see
     :class:`chunkernels.cuda.Kernel`) or through CuPy, releasing it around each launch: the
     benchmarks' rows that measure what holding it changes."""
-    before = cuda.LAUNCH_HOLDS_GIL
-    cuda.LAUNCH_HOLDS_GIL = hold
-    try:
+    with mock.patch.object(cuda, "LAUNCH_HOLDS_GIL", hold):
         yield
-    finally:
-        cuda.LAUNCH_HOLDS_GIL = before
 
 
 def dask_alone(*collections, **options) -> Callable[[], object]:

@@ -18,8 +18,8 @@ on the host from copies); and dask-image on NumPy chunks where it is installed.
 
 from __future__ import annotations
 
-import contextlib
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -163,18 +163,12 @@ def run(args) -> dict:
     return report
 
 
-@contextlib.contextmanager
 def _a_task_per_chunk():
-    """Inside the block, CuPy chunks get the graph NumPy chunks get: a task labels each chunk,
+    """A context in which CuPy chunks get the graph NumPy chunks get: a task labels each chunk,
     the merge task only merges (see chunkernels.kernels.label._one_task_labels)."""
     from chunkernels.kernels import label as K
 
-    before = K._one_task_labels
-    K._one_task_labels = lambda xp: False
-    try:
-        yield
-    finally:
-        K._one_task_labels = before
+    return mock.patch.object(K, "_one_task_labels", lambda xp: False)
 
 
 def _same_partition(labels, want, count) -> bool:
