@@ -420,6 +420,46 @@ def test_random_labels_match_scipy(backend, fn, dtype):
                 close(got, np.asarray(expected), tol, where)
 
 
+def _expected_areas(labels, index):
+    """Elements per label, counted directly: what scipy's sum_labels of ones gives, as int64."""
+    if index is None:
+        return np.int64(np.count_nonzero(labels > 0))
+    values = np.arange(index.start, index.stop, index.step) if isinstance(index, range) \
+        else np.asarray(index)
+    counts = [np.count_nonzero(labels == v) for v in values.reshape(-1)]
+    return np.array(counts, dtype=np.int64).reshape(values.shape)[()]
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_area(backend):
+    """dask-image's area: elements per label, int64, any index, any chunking; the input's size
+    without labels."""
+    rng = np.random.default_rng(12)
+    x, labels, n = labelled(rng, (37, 29), "float32")
+    scalar = backend == "numpy"
+    for name, index in indexes(n).items():
+        expected = _expected_areas(labels, index)
+        for chunks in ((37, 29), (11, 7), (5, 29)):
+            got = ndimage.area(on(backend, x, chunks), on(backend, labels, chunks), index)
+            close(got, expected, err_msg=f"index={name} chunks={chunks}")
+            assert isinstance(got, np.int64) == (scalar and np.ndim(expected) == 0)
+        # the values are never read: the counts are those of the labels alone
+        close(ndimage.area(on(backend, labels), on(backend, labels), index), expected)
+    close(ndimage.area(on(backend, x), index=[1, 2]), np.int64(x.size))
+    # dask-image's docstring example, and labels that broadcast to the input
+    image = rng.random((3, 3))
+    example = np.array([[1, 1, 0], [1, 0, 3], [0, 7, 0]])
+    close(ndimage.area(on(backend, image), on(backend, example, (1, 3))), np.int64(5))
+    close(ndimage.area(on(backend, image), on(backend, example, (1, 3)), [0, 1, 2, 3]),
+          np.array([4, 3, 0, 1], dtype=np.int64))
+    close(ndimage.area(on(backend, image), on(backend, example[:1]), [0, 1]),
+          np.array([3, 6], dtype=np.int64))
+    close(ndimage.area(on(backend, np.zeros((0, 3))), on(backend, np.zeros((0, 3), int)), [1, 2]),
+          np.zeros(2, dtype=np.int64))
+    with pytest.raises(ValueError, match="same shape"):
+        ndimage.area(on(backend, image), on(backend, np.ones((2, 3), int)))
+
+
 @pytest.mark.parametrize("backend", CHUNKED)
 def test_result_types(backend):
     """CuPy: cupyx's containers; Dask: lazy arrays (dask-image's), shaped as documented."""

@@ -32,6 +32,7 @@ from chunkernels.ndimage._interpolation import spline_filter1d as spline_filter1
 from chunkernels.ndimage._interpolation import zoom as zoom
 from chunkernels.ndimage._label import label as label
 from chunkernels.kernels.label import LabelError as LabelError
+from chunkernels.ndimage._measurements import area as area
 from chunkernels.ndimage._measurements import center_of_mass as center_of_mass
 from chunkernels.ndimage._measurements import extrema as extrema
 from chunkernels.ndimage._measurements import find_objects as find_objects

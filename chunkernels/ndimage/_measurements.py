@@ -338,6 +338,58 @@ def sum_labels(input, labels=None, index=None):
     return _result(q, ("sum",), _sums, dtype)
 
 
+def area(input, labels=None, index=None):
+    """Number of elements in labelled regions, as ``dask_image.ndmeasure.area``.
+
+    scipy.ndimage has no such function; this is ``sum_labels`` of ones, counted exactly in
+    int64 (no float sums) and without making the array of ones.
+
+    Parameters
+    ----------
+    input : array_like, cupy.ndarray or dask.array.Array
+        The image; only its shape (and its array type, which the result follows) counts.
+    labels : array_like, optional
+        Labels of the regions, of the input's shape or broadcastable to it. Without labels the
+        result is the number of elements of the input (``index`` is then ignored, as scipy's
+        measurements ignore it).
+    index : int or sequence of ints, optional
+        Labels of the regions to count. ``None``: all elements whose label is > 0, as one region.
+
+    Returns
+    -------
+    int64 scalar or array
+        For a scalar ``index`` (or none), the count; else an int64 array of counts shaped like
+        ``index`` (0 for labels absent from ``labels``). NumPy input: a NumPy int64 scalar or
+        array; CuPy input: 0-d or N-d CuPy arrays; Dask input: lazy Dask arrays.
+
+    Raises
+    ------
+    ValueError
+        ``labels`` does not broadcast to the input's shape.
+    TypeError
+        An input, labels or index of a type that holds no numbers.
+    """
+    q = _query("area", input, labels, index)
+    if labels is None:
+        count = np.int64(math.prod(q.shape))
+        if q.backend == "numpy":
+            return count
+        if q.backend == "cupy":
+            with _device(q):
+                return cuda.cupy().asarray(count)
+        import dask.array as da
+
+        return da.from_array(np.asarray(count), chunks=(), asarray=False)
+    if q.backend == "numpy":
+        _plan_index(q, index)
+    counts = _result(q, ("count",), _counts, np.dtype(np.int64))
+    return counts[()] if q.backend == "numpy" and q.single else counts
+
+
+def _counts(out, table):
+    return out.column(out.rows(table), "count").astype(np.int64)
+
+
 def sum(input, labels=None, index=None):  # noqa: A001 - scipy.ndimage's name
     """Sum of the values of the array over labelled regions: an alias of :func:`sum_labels`, as
     in scipy.ndimage."""
