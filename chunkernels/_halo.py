@@ -21,6 +21,12 @@ graph is one independent task per block, nothing is cut or copied before the gat
 that is ever serialised carries only its core and strips.
 Lazy inputs, and a distributed scheduler's futures, keep the strip tasks.
 
+CuPy blocks already in memory under a local scheduler go further: one task runs the kernel on a
+group of blocks, one after another (:func:`_run_group`), and each output block's task picks its
+result from the group's (:func:`group_blocks` says when). Their kernel tasks only queue launches,
+so a task per block buys no parallelism, while Dask's threaded scheduler hands each task to
+another thread, which must take the GIL back from the others at every CUDA call.
+
 Pieces are planned per axis and combined: along an axis, a block's extended range is its own
 range widened by the depth on each side (clipped to the array where the boundary is ``"none"``,
 wrapped around it where it is ``"periodic"``), cut at chunk boundaries. A halo wider than the
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 
@@ -75,6 +82,7 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
     pack = (lambda items: List(*items)) if lazy else tuple
     targets, cuts = _plans(tuple(map(tuple, x.chunks)), tuple(depth), tuple(boundary), lazy)
 
+    grouped = group_blocks(held)
     graph: dict = {}
     for source, wanted in cuts.items():
         ranges = tuple(wanted)  # insertion order: the positions handed out above
@@ -87,7 +95,7 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
         cores = pack([TaskRef((inp, *index)) if blocks is None else blocks[index]
                       for inp, blocks in zip(names, held)])
         if target is None:
-            graph[key] = Task(key, _call, fn, cores)
+            graph[key] = (_call, fn, cores) if grouped else Task(key, _call, fn, cores)
             continue
         plan, placements = target
         pieces = []
@@ -99,10 +107,72 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
                 pieces.append(Task(None, _pick, refs, picks))
             else:  # the blocks in memory, not cut: the gather reads the pieces in place
                 pieces.append(tuple([Held(blocks[s], c) for s, _, c, _ in placements]))
-        graph[key] = Task(key, _extend_and_run, fn, plan, cores, pack(pieces))
+        if grouped:
+            graph[key] = (_extend_and_run, fn, plan, cores, tuple(pieces))
+        else:
+            graph[key] = Task(key, _extend_and_run, fn, plan, cores, pack(pieces))
+    if grouped:
+        itemsize = np.dtype(dtype).itemsize
+        graph = _grouped(name, graph, {key: itemsize * math.prod(
+            c[i] for c, i in zip(x.chunks, key[1:])) for key in graph})
     layer = HighLevelGraph.from_collections(
         name, graph, dependencies=[a for a, blocks in zip(inputs, held) if blocks is None])
     return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
+
+
+#: The most output bytes one task of a group computes (:func:`group_blocks`): large enough that
+#: a few tasks cover arrays of many gigabytes, small enough that Dask can release a group's input
+#: blocks, and its consumers run, before the whole array is done.
+GROUP_BYTES = 2**30
+
+
+def group_blocks(held) -> bool:
+    """Whether one task runs the kernel on a group of blocks (at most :data:`GROUP_BYTES` of
+    output): every input's blocks are CuPy arrays in memory and no distributed client is
+    current. NumPy blocks keep a task each, which the threaded scheduler runs in parallel (the
+    CPU kernels release the GIL); a cluster's workers run each block where it lies."""
+    from chunkernels import cluster
+
+    if not held or any(blocks is None for blocks in held) or not held[0]:
+        return False
+    return cuda.is_cupy_array(next(iter(held[0].values()))) and cluster.current() is None
+
+
+def _grouped(name, calls, sizes):
+    """The graph running ``calls`` (``{output key: (function, *arguments)}``, blocks in
+    memory) in group tasks of at most :data:`GROUP_BYTES` of output (``sizes``: each key's
+    bytes), in key order, and a pick task per output key."""
+    from dask._task_spec import Task, TaskRef
+
+    graph, group, size = {}, [], 0
+
+    def close():
+        key = (f"{name}-group", len(graph))
+        graph[key] = Task(key, _run_group, tuple(calls[k] for k in group))
+        for position, k in enumerate(group):
+            picks[k] = Task(k, _picked, TaskRef(key), position)
+
+    picks = {}
+    for key in calls:
+        nbytes = sizes[key]
+        if group and size + nbytes > GROUP_BYTES:
+            close()
+            group, size = [], 0
+        group.append(key)
+        size += nbytes
+    if group:
+        close()
+    graph.update(picks)
+    return graph
+
+
+def _run_group(calls):
+    """The results of a group's calls, run one after another."""
+    return [function(*args) for function, *args in calls]
+
+
+def _picked(results, position):
+    return results[position]
 
 
 @functools.lru_cache(maxsize=16)  # a plan holds a few tuples per block: keep the last few

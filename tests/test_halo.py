@@ -230,6 +230,48 @@ def test_blocks_in_memory_go_into_one_task_per_block_uncut(box_sum):
     assert_close(z.compute(), box_sum_reference(x_np, radius=(2, 3)))
 
 
+@pytest.mark.parametrize("shape, chunks, radius, mode", CASES, ids=str)
+def test_grouped_tasks_give_the_per_block_result(box_sum, monkeypatch, shape, chunks, radius,
+                                                 mode):
+    """Blocks in memory run in group tasks of at most GROUP_BYTES of output, each output block
+    a pick from its group; the values are those of a task per block. (CuPy blocks are grouped;
+    NumPy blocks stand in for them here: the graph is the same.)"""
+    rng = np.random.default_rng(31)
+    x_np = random_array(rng, shape, "int64")
+    per_block = apply_box(x_np, chunks, radius=radius, mode=mode)
+    monkeypatch.setattr(_halo, "group_blocks", lambda held: None not in held)
+    monkeypatch.setattr(_halo, "GROUP_BYTES", 3 * 8 * x_np.size // 10)  # a few groups
+    x = dask_input(x_np, chunks)
+    z = chunkernels.apply(x, "box_sum", radius=radius, mode=mode)
+    graph = dict(z.__dask_graph__())
+    groups = {k: t for k, t in graph.items() if k[0] == f"{z.name}-group"}
+    picks = {k: t for k, t in graph.items() if k[0] == z.name}
+    assert set(picks) == {(z.name, *i) for i in np.ndindex(*x.numblocks)}
+    assert len(graph) == len(groups) + len(picks)
+    assert all(t.dependencies <= set(groups) and len(t.dependencies) == 1 for t in picks.values())
+    assert all(not t.dependencies for t in groups.values())
+    # every group holds at most GROUP_BYTES of output, or one block
+    members = {g: [k for k, t in picks.items() if g in t.dependencies] for g in groups}
+    for g, keys in members.items():
+        sizes = [8 * int(np.prod([c[i] for c, i in zip(x.chunks, k[1:])])) for k in keys]
+        assert len(keys) == 1 or sum(sizes) <= _halo.GROUP_BYTES, (g, sizes)
+    assert sum(map(len, members.values())) == len(picks)
+    for scheduler in ("sync", "threads"):
+        assert_close(z.compute(scheduler=scheduler), per_block.compute())
+    assert_close(z.compute(), box_sum_reference(x_np, radius=radius, mode=mode))
+
+
+def test_only_cupy_blocks_in_memory_are_grouped(box_sum):
+    """NumPy blocks keep a task each (the CPU kernels run in parallel threads), and lazy inputs
+    their strip tasks: neither is grouped."""
+    x_np = np.arange(30 * 40, dtype="float64").reshape(30, 40)
+    for held in (True, False):
+        z = apply_box(x_np, (10, 10), held, radius=(2, 3))
+        assert not any(str(k[0]).endswith("-group") for k in dict(z.__dask_graph__()))
+    assert not _halo.group_blocks([None]) and not _halo.group_blocks([{}])
+    assert not _halo.group_blocks([{(0, 0): x_np}])
+
+
 def test_a_held_piece_serialises_as_the_piece_alone():
     import pickle
 
@@ -434,9 +476,9 @@ def test_gather_kernel_assembles_what_slice_assignment_does(box_sum, dtype, view
 @pytest.mark.parametrize("mode", ["reflect", "wrap", "constant"])
 @pytest.mark.parametrize("dtype", ["float32", "float64", "uint8"])
 def test_cupy_chunks_give_the_whole_array_result_bit_for_bit(mode, dtype):
-    """gaussian_filter on the GPU: chunked (blocks in memory, or lazy with strip tasks) equals
-    the whole-array result exactly, however the halo is gathered (one launch, or slices where
-    a block's halo spans more pieces than the gather takes)."""
+    """gaussian_filter on the GPU: chunked (blocks in memory, run in group tasks, or lazy with
+    strip tasks) equals the whole-array result exactly, however the halo is gathered (one
+    launch, or slices where a block's halo spans more pieces than the gather takes)."""
     from chunkernels import ndimage
 
     cp = chunkernels.cuda.cupy()
@@ -448,5 +490,8 @@ def test_cupy_chunks_give_the_whole_array_result_bit_for_bit(mode, dtype):
         for dx in (lazy, held):
             z = ndimage.gaussian_filter(dx, 2.0, mode=mode, cval=1.5)
             assert type(z._meta) is cp.ndarray and z.dtype == whole.dtype
+            if dx is held:  # in memory, on a local scheduler: one group task (a small array)
+                groups = [k for k in dict(z.__dask_graph__()) if k[0] == f"{z.name}-group"]
+                assert len(groups) == 1
             got = z.persist(scheduler="threads").compute(scheduler="threads")
             assert cp.array_equal(got, whole), (chunks, dx is held)

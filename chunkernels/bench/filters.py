@@ -14,7 +14,9 @@ output once.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from unittest import mock
 
 import numpy as np
 
@@ -29,11 +31,15 @@ CONV_SHAPE, CONV_TAPS = (2048, 2048), 15
 #: tasks at a time; and the synchronous scheduler, one host thread launching every block, which
 #: docs/gpus.md recommends for one GPU in one process. ``hold_gil=False``: the kernels launch
 #: through CuPy, which releases the GIL (:func:`chunkernels.bench.launches_holding_gil`).
+#: ``grouped=False``: the graph of NumPy blocks, a task per block, instead of one task filtering
+#: every block of the persisted input (:func:`chunkernels._halo.group_blocks`).
 SCHEDULER_OPTIONS = {
     ", threads": {"scheduler": "threads"},
     ", 1 thread": {"scheduler": "threads", "num_workers": 1},
     ", threads, chunksize 16": {"scheduler": "threads", "chunksize": 16},
     ", synchronous scheduler": {"scheduler": "sync"},
+    ", threads, a task per chunk": {"scheduler": "threads", "grouped": False},
+    ", synchronous scheduler, a task per chunk": {"scheduler": "sync", "grouped": False},
     ", threads, CuPy's launches": {"scheduler": "threads", "hold_gil": False},
     ", synchronous scheduler, CuPy's launches": {"scheduler": "sync", "hold_gil": False},
 }
@@ -82,9 +88,9 @@ def _gaussian(repeat: int) -> dict:
     x = cp.asarray(host)
     dx = da.from_array(x, chunks=chunks, asarray=False).persist()
 
-    def chunked(filter_fn, hold_gil=True, **options):
+    def chunked(filter_fn, hold_gil=True, grouped=True, **options):
         def go():
-            with launches_holding_gil(hold_gil):
+            with launches_holding_gil(hold_gil), _grouping(grouped):
                 (z,) = dask.persist(filter_fn(dx, GAUSS_SIGMA),
                                     **{"scheduler": "threads", **options})
                 sync()
@@ -150,6 +156,16 @@ def _convolve2d(repeat: int) -> dict:
     return {"shape": list(CONV_SHAPE), "taps": CONV_TAPS, "dtype": "float64", "mode": "full",
             "out_shape": list(expected.shape), "fmas": fmas, "copy_s": t_copy,
             "copy_mib": x.nbytes / MiB, "rows": _ratios(rows, t_copy)}
+
+
+def _grouping(grouped: bool):
+    """A context in which blocks in memory run in group tasks (``grouped``, the library's
+    default for CuPy blocks under a local scheduler) or a task each."""
+    from chunkernels import _halo
+
+    if grouped:
+        return contextlib.nullcontext()
+    return mock.patch.object(_halo, "group_blocks", lambda held: False)
 
 
 def _queued(fn, count: int):
