@@ -87,6 +87,13 @@ class BlockFunction:
         ensure_registered(self.spec)
         return run_block(self.spec, block, operands, self.params(block.ndim), strict=self.strict)
 
+    def stacked(self, stack):
+        """The kernel on each entry of ``stack`` (blocks of one shape along a new leading axis)
+        in one run, with the spec's ``stack`` parameters; its result stacks the blocks' results."""
+        ensure_registered(self.spec)
+        params = self.spec.stack(self.params(stack.ndim - 1))
+        return run_block(self.spec, stack, (), params, strict=self.strict)
+
     def __dask_tokenize__(self):
         from dask.base import tokenize
 

@@ -22,10 +22,11 @@ that is ever serialised carries only its core and strips.
 Lazy inputs, and a distributed scheduler's futures, keep the strip tasks.
 
 CuPy blocks already in memory under a local scheduler go further: one task runs the kernel on a
-group of blocks, one after another (:func:`_run_group`), and each output block's task picks its
-result from the group's (:func:`group_blocks` says when). Their kernel tasks only queue launches,
-so a task per block buys no parallelism, while Dask's threaded scheduler hands each task to
-another thread, which must take the GIL back from the others at every CUDA call.
+group of blocks (:func:`_run_group`), and each output block's task picks its result from the
+group's (:func:`group_blocks` says when). Their kernel tasks only queue launches, so a task per
+block buys no parallelism, and in one task the blocks of one extended shape can share launches:
+a kernel whose spec stacks blocks (``KernelSpec.stack``, the separable filters) gathers them into
+slices of one buffer and runs once on the stack, one launch per pass instead of one per block.
 
 Pieces are planned per axis and combined: along an axis, a block's extended range is its own
 range widened by the depth on each side (clipped to the array where the boundary is ``"none"``,
@@ -36,6 +37,7 @@ O(blocks); a block refers to as many strip tasks as blocks its halo reaches.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -95,7 +97,7 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
         cores = pack([TaskRef((inp, *index)) if blocks is None else blocks[index]
                       for inp, blocks in zip(names, held)])
         if target is None:
-            graph[key] = (_call, fn, cores) if grouped else Task(key, _call, fn, cores)
+            graph[key] = (None, cores) if grouped else Task(key, _call, fn, cores)
             continue
         plan, placements = target
         pieces = []
@@ -108,12 +110,12 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
             else:  # the blocks in memory, not cut: the gather reads the pieces in place
                 pieces.append(tuple([Held(blocks[s], c) for s, _, c, _ in placements]))
         if grouped:
-            graph[key] = (_extend_and_run, fn, plan, cores, tuple(pieces))
+            graph[key] = (plan, cores, tuple(pieces))
         else:
             graph[key] = Task(key, _extend_and_run, fn, plan, cores, pack(pieces))
     if grouped:
         itemsize = np.dtype(dtype).itemsize
-        graph = _grouped(name, graph, {key: itemsize * math.prod(
+        graph = _grouped(name, fn, graph, {key: itemsize * math.prod(
             c[i] for c, i in zip(x.chunks, key[1:])) for key in graph})
     layer = HighLevelGraph.from_collections(
         name, graph, dependencies=[a for a, blocks in zip(inputs, held) if blocks is None])
@@ -138,37 +140,81 @@ def group_blocks(held) -> bool:
     return cuda.is_cupy_array(next(iter(held[0].values()))) and cluster.current() is None
 
 
-def _grouped(name, calls, sizes):
-    """The graph running ``calls`` (``{output key: (function, *arguments)}``, blocks in
-    memory) in group tasks of at most :data:`GROUP_BYTES` of output (``sizes``: each key's
-    bytes), in key order, and a pick task per output key."""
+def _grouped(name, fn, jobs, sizes):
+    """The graph running ``fn`` on the blocks of ``jobs`` (``{output key: (plan, cores,
+    pieces)}``, or ``(None, cores)`` for an empty block; blocks in memory) in group tasks of at
+    most :data:`GROUP_BYTES` of output (``sizes``: each key's bytes), in key order, and a pick
+    task per output key."""
     from dask._task_spec import Task, TaskRef
 
-    graph, group, size = {}, [], 0
+    graph, picks, group, size = {}, {}, [], 0
 
     def close():
         key = (f"{name}-group", len(graph))
-        graph[key] = Task(key, _run_group, tuple(calls[k] for k in group))
+        graph[key] = Task(key, _run_group, fn, tuple(jobs[k] for k in group))
         for position, k in enumerate(group):
             picks[k] = Task(k, _picked, TaskRef(key), position)
 
-    picks = {}
-    for key in calls:
-        nbytes = sizes[key]
-        if group and size + nbytes > GROUP_BYTES:
+    for key in jobs:
+        if group and size + sizes[key] > GROUP_BYTES:
             close()
             group, size = [], 0
         group.append(key)
-        size += nbytes
+        size += sizes[key]
     if group:
         close()
     graph.update(picks)
     return graph
 
 
-def _run_group(calls):
-    """The results of a group's calls, run one after another."""
-    return [function(*args) for function, *args in calls]
+def _run_group(fn, jobs):
+    """Each job's result (see :func:`_grouped`). A kernel whose spec can stack blocks
+    (``KernelSpec.stack``) runs the blocks of one extended shape, dtype and device together:
+    each gathered into its slice of one buffer, then one run on the stack (one launch per
+    pass instead of one per block). The others, and a stack that does not fit in device memory,
+    run block by block."""
+    results = [None] * len(jobs)
+    stacks: dict[tuple, list[int]] = {}
+    for i, job in enumerate(jobs):
+        if job[0] is not None and _stackable(fn, job):
+            core = job[1][0]
+            device = core.data.device_id if cuda.is_cupy_array(core) else None
+            stacks.setdefault((job[0][0], core.dtype, device), []).append(i)
+        else:
+            results[i] = _call(fn, job[1]) if job[0] is None else _extend_and_run(fn, *job)
+    for members in stacks.values():
+        stacked = _run_stack(fn, [jobs[i] for i in members]) if len(members) > 1 else None
+        for n, i in enumerate(members):
+            results[i] = _extend_and_run(fn, *jobs[i]) if stacked is None else stacked[n]
+    return results
+
+
+def _stackable(fn, job) -> bool:
+    """Whether ``job`` can run in a stack: one input, a kernel that stacks blocks and takes one
+    more dimension."""
+    spec = getattr(fn, "spec", None)
+    _, cores, _ = job
+    if spec is None or spec.stack is None or len(cores) != 1:
+        return False
+    top = spec.ndim[1]
+    return top is None or cores[0].ndim < top
+
+
+def _run_stack(fn, jobs):
+    """The results of ``jobs`` (blocks of one extended shape, dtype and device) computed as one
+    stack, or None where the stack does not fit in device memory."""
+    shape = jobs[0][0][0]
+    first = jobs[0][1][0]
+    xp = cuda.array_module(first)
+    with contextlib.nullcontext() if xp is np else first.device:
+        try:
+            stack = xp.empty((len(jobs), *shape), dtype=first.dtype)
+            for entry, (plan, (core,), (pieces,)) in zip(stack, jobs):
+                _fill(xp, plan, entry, core, pieces)
+            out = fn.stacked(stack)
+        except MemoryError:  # CuPy's OutOfMemoryError, RMM's bad_alloc: block by block instead
+            return None
+    return [entry[plan[1]] for entry, (plan, *_) in zip(out, jobs)]
 
 
 def _picked(results, position):
@@ -317,14 +363,19 @@ def _extend_and_run(fn, plan, cores, pieces):
 
 def _extend(xp, plan, block, pieces):
     """``block`` with ``pieces`` around it, in a new C-ordered buffer of the plan's shape."""
-    shape, core, dests, offsets, core_at = plan
-    buf = xp.empty(shape, dtype=block.dtype)
+    buf = xp.empty(plan[0], dtype=block.dtype)
+    _fill(xp, plan, buf, block, pieces)
+    return buf
+
+
+def _fill(xp, plan, buf, block, pieces):
+    """Write ``block`` and ``pieces`` around it into ``buf`` (C-contiguous, the plan's shape)."""
+    _, core, dests, offsets, core_at = plan
     if xp is not np and _gather(buf, offsets, core_at, block, pieces):
-        return buf
+        return
     buf[core] = block
     for dest, piece in zip(dests, pieces):
         buf[dest] = piece.array() if isinstance(piece, Held) else piece
-    return buf
 
 
 #: The gather kernel's plan (``kernels_cuda/halo_gather.cu``): int64 words of shape [4],

@@ -106,6 +106,12 @@ class KernelSpec:
         Reduction kernels: ``finalize(stats, dtypes, **params) -> 0-d array`` combines the rows of
         every block (stacked, same array type as the blocks) into the result; ``dtypes`` are the
         input dtypes. ``cpu`` stays the whole-array reference that defines the result.
+    stack
+        ``stack(params) -> params``: the parameters that compute each entry of a stack of blocks
+        (blocks of one shape along a new leading axis) as the kernel computes that block alone,
+        for a kernel that never reads across that axis (a filter along listed axes: the axes
+        shift by one). CuPy blocks in memory of one layout then run in one launch per pass
+        (:mod:`chunkernels._halo`); ``None``: each block runs alone.
     dask_graph
         Kernels whose result is not blockwise in ``x``'s chunks (a zoom changes the shape) plan
         their own Dask graph: ``dask_graph(x, *operands, strict=..., **params) -> dask.array.Array``
@@ -142,6 +148,7 @@ class KernelSpec:
     cases: Callable[..., Iterable[tuple[Any, tuple, dict]]] | None = None
     partial: Callable[..., Any] | None = None
     finalize: Callable[..., Any] | None = None
+    stack: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
     dask_graph: Callable[..., Any] | None = None
     skimage: tuple[str, ...] = ()
     rtol: float | None = None
@@ -180,6 +187,8 @@ class KernelSpec:
             bad("a reduction kernel needs partial (CPU statistics of a block) and finalize")
         if self.kind != "reduction" and (self.partial is not None or self.finalize is not None):
             bad(f"partial and finalize belong to reduction kernels; this one is kind={self.kind!r}")
+        if self.stack is not None and not callable(self.stack):
+            bad("stack must be a function of the parameters, or None")
         if self.dask_graph is not None and not callable(self.dask_graph):
             bad("dask_graph must be a function that plans the kernel's Dask graph, or None")
         for name in self.skimage:

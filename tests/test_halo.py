@@ -261,6 +261,49 @@ def test_grouped_tasks_give_the_per_block_result(box_sum, monkeypatch, shape, ch
     assert_close(z.compute(), box_sum_reference(x_np, radius=radius, mode=mode))
 
 
+STACK_CASES = [
+    # filter, params, shape, chunks
+    ("gaussian_filter", {"sigma": 1.5, "mode": "reflect"}, (40, 33), (10, 9)),
+    ("gaussian_filter", {"sigma": (2.0, 0.7), "order": (1, 0), "mode": ("wrap", "mirror")},
+     (40, 33), (13, (5, 20, 8))),
+    ("gaussian_filter", {"sigma": 2.0, "mode": "constant", "cval": 0.5, "axes": (0, 2)},
+     (30, 7, 26), (2, 7, 4)),  # chunks smaller than the halo, an axis not filtered
+    ("uniform_filter", {"size": 4, "mode": "nearest"}, (31, 26), (8, 8)),
+    ("uniform_filter", {"size": (3, 5), "mode": "wrap", "axes": (1, 0)}, (31, 26), (31, 6)),
+    ("correlate1d", {"weights": [0.5, -1.0, 2.0, 0.25], "axis": 0, "mode": "mirror"}, (30, 20),
+     (7, 10)),
+    ("correlate1d", {"weights": [1.0, 2.0, 1.0], "axis": -1, "mode": "reflect"}, (9, 30),
+     (3, 4)),
+]
+
+
+@pytest.mark.parametrize("kernel, params, shape, chunks", STACK_CASES, ids=str)
+def test_blocks_of_one_shape_run_as_a_stack(monkeypatch, kernel, params, shape, chunks):
+    """In a group, blocks of one extended shape run as one stack (KernelSpec.stack): the same
+    values as a block at a time, and as SciPy. (NumPy blocks stand in for CuPy ones.)"""
+    from chunkernels._apply import BlockFunction
+    from chunkernels import ndimage
+
+    rng = np.random.default_rng(32)
+    x_np = rng.standard_normal(shape)
+    want = getattr(ndi, kernel)(x_np, **params)
+    per_block = getattr(ndimage, kernel)(da.from_array(x_np, chunks=chunks), **params).compute()
+    monkeypatch.setattr(_halo, "group_blocks", lambda held: None not in held)
+    calls = []
+    stacked = BlockFunction.stacked
+    monkeypatch.setattr(BlockFunction, "stacked",
+                        lambda self, stack: calls.append(stack.shape) or stacked(self, stack))
+    got = getattr(ndimage, kernel)(da.from_array(x_np, chunks=chunks), **params).compute()
+    assert calls and all(len(s) == len(shape) + 1 and s[0] > 1 for s in calls)
+    np.testing.assert_array_equal(got, per_block)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # a stack that does not fit in device memory runs block by block
+    monkeypatch.setattr(BlockFunction, "stacked",
+                        lambda self, stack: (_ for _ in ()).throw(MemoryError("out of memory")))
+    got = getattr(ndimage, kernel)(da.from_array(x_np, chunks=chunks), **params).compute()
+    np.testing.assert_array_equal(got, per_block)
+
+
 def test_only_cupy_blocks_in_memory_are_grouped(box_sum):
     """NumPy blocks keep a task each (the CPU kernels run in parallel threads), and lazy inputs
     their strip tasks: neither is grouped."""
@@ -470,6 +513,30 @@ def test_gather_kernel_assembles_what_slice_assignment_does(box_sum, dtype, view
                 buf = cp.empty(shape_, dtype)
                 assert _halo._gather(buf, offsets, core_at, to_device_view(core), pieces)
                 assert cp.array_equal(buf, expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel, params, shape, chunks", STACK_CASES, ids=str)
+@pytest.mark.parametrize("view", ["C", "fortran", "reversed"])
+def test_cupy_stacks_equal_a_block_at_a_time_bit_for_bit(monkeypatch, kernel, params, shape,
+                                                        chunks, view):
+    """CuPy blocks in memory run in a group task, those of one extended shape as one stack:
+    bit for bit what a task per block gives, for blocks of any layout."""
+    from chunkernels import ndimage
+    from chunkernels.testing import to_device_view
+
+    cp = chunkernels.cuda.cupy()
+    base = np.random.default_rng(33).standard_normal(shape).astype("float32")
+    x_np = {"C": base, "fortran": np.asfortranarray(base), "reversed": base[::-1, ::-1]}[view]
+    dx = da.from_array(to_device_view(x_np), chunks=chunks, asarray=False).persist()
+    z = getattr(ndimage, kernel)(dx, **params)
+    assert any(k[0] == f"{z.name}-group" for k in dict(z.__dask_graph__()))
+    grouped = z.compute()
+    monkeypatch.setattr(_halo, "group_blocks", lambda held: False)
+    per_block = getattr(ndimage, kernel)(dx, **params).compute()
+    assert cp.array_equal(grouped, per_block)
+    np.testing.assert_allclose(grouped.get(), getattr(ndi, kernel)(x_np, **params),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu

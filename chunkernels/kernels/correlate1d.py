@@ -292,6 +292,7 @@ SPEC = KernelSpec(
     halo=halo,
     halo_rule="len(weights) // 2 + |origin| along axis",
     boundary=S.boundary,
+    stack=S.stacked_axis,
     result_dtype=S.result_dtype,
     supports=supports,
     validate=validate,

@@ -113,6 +113,7 @@ SPEC = KernelSpec(
     halo=halo,
     halo_rule="radius = int(truncate * sigma + 0.5) per filtered axis",
     boundary=S.boundary,
+    stack=S.stacked_axes,
     result_dtype=S.result_dtype,
     supports=supports,
     validate=validate,

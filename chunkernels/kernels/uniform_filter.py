@@ -95,6 +95,7 @@ SPEC = KernelSpec(
     halo=halo,
     halo_rule="size // 2 + |origin| per filtered axis",
     boundary=S.boundary,
+    stack=S.stacked_axes,
     result_dtype=S.result_dtype,
     supports=supports,
     validate=validate,

@@ -321,3 +321,14 @@ def gaussian_weights(sigma: float, order: int, radius: int) -> np.ndarray:
 def _read_only(a: np.ndarray) -> np.ndarray:
     a.setflags(write=False)
     return a
+
+
+def stacked_axes(params):
+    """A spec's ``stack``: ``params`` for a stack of blocks along a new leading axis, for a
+    filter along the validated ``axes`` (which shift by one)."""
+    return {**params, "axes": tuple(a + 1 for a in params["axes"])}
+
+
+def stacked_axis(params):
+    """A spec's ``stack`` for a filter along the validated ``axis``."""
+    return {**params, "axis": params["axis"] + 1}
