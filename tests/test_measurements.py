@@ -605,6 +605,19 @@ def test_histogram_and_comprehension_match_scipy(backend):
                                             -1.0, True), expected)
         close(ndimage.labeled_comprehension(dx, dl, 2, np.median, float, 0.0),
               np.asarray(ndi.labeled_comprehension(x, labels, 2, np.median, float, 0.0)))
+        # object results of one region compute to the object itself, as scipy returns it
+        # (and dask-image's lazy results compute to it), not to a 0-d array holding it
+        span = lambda v: np.array([v.min(), v.max()])  # noqa: E731
+        for index, lab in ((2, dl), (n + 9, dl), (None, dl), (None, None)):
+            want = ndi.labeled_comprehension(x, None if lab is None else labels, index, span,
+                                             object, None)
+            got = host(ndimage.labeled_comprehension(dx, lab, index, span, object, None))
+            if want is None:
+                assert got is None
+            else:
+                got = host(got)  # CuPy input: func made a CuPy array
+                assert got.dtype != object
+                np.testing.assert_array_equal(got, want)
 
 
 # -- chunking invariance ---------------------------------------------------------------------------

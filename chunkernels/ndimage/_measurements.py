@@ -871,6 +871,8 @@ def labeled_comprehension(input, labels, index, func, out_dtype, default, pass_p
         return list(result.reshape(-1)) if result.dtype == object else result
     if raw:
         combine = functools.partial(_as_0d, combine, out_dtype)
+    elif np.dtype(out_dtype) == object and not q.out_shape:
+        combine = functools.partial(_unboxed, combine)
     return _per_block(q, "labeled_comprehension", block, combine, q.out_shape,
                       np.dtype(out_dtype), (q.select, q.keys, q.slots, func, default))
 
@@ -880,13 +882,19 @@ def _comprehension_block(select, keys, shape, origin, x, labels):
 
 
 def _as_0d(combine, out_dtype, parts):
-    """A function's raw result as the 0-d array of ``out_dtype`` a Dask result holds."""
+    """A function's raw result as the 0-d Dask result holds it: an array of ``out_dtype``, or for
+    ``object`` the result itself (:func:`_unboxed`)."""
     result = combine(parts)
     if np.dtype(out_dtype) == object:
-        box = np.empty((), object)
-        box[()] = result
-        return box
+        return result
     return cuda.array_module(result).asarray(result, dtype=out_dtype)
+
+
+def _unboxed(combine, parts):
+    """The object a 0-d object result holds: computing a 0-d Dask array returns its one block
+    as it is, so the lazy result computes to scipy's value (``func``'s result, or ``default``
+    for an absent label), as dask-image's does, rather than a 0-d array holding it."""
+    return combine(parts)[()]
 
 
 def _check_index_precision(q):
@@ -958,7 +966,9 @@ def histogram(input, min, max, bins, labels=None, index=None):  # noqa: A002 - s
     array or object array
         int64 counts for no index or a scalar one; for a list of labels an object array of
         counts (``None`` for absent labels), as scipy. CuPy input: CuPy counts (a list for a
-        list of labels, as cupyx); Dask input: lazy Dask arrays (object dtype for a list).
+        list of labels, as cupyx); Dask input: lazy Dask arrays (object dtype for a list). A
+        scalar label absent from ``labels`` gives ``None`` for NumPy input, as scipy, and zero
+        counts for CuPy and Dask input, whose result is an int64 array of ``bins`` counts.
 
     Raises
     ------
