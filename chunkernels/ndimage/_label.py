@@ -15,11 +15,12 @@ from chunkernels import cuda
 from chunkernels._apply import _is_dask
 from chunkernels.interop import accepts_tensors
 from chunkernels.kernels import label as K
+from chunkernels.ndimage import _wrap as W
 from chunkernels.ndimage._filters import as_input
 
 
 @accepts_tensors("input", "structure", "output")
-def label(input, structure=None, output=None):
+def label(input, structure=None, output=None, wrap_axes=None):
     """Label the connected features of an array, as ``scipy.ndimage.label``.
 
     Parameters
@@ -36,6 +37,11 @@ def label(input, structure=None, output=None):
         The array to write the labels into (NumPy or CuPy inputs, same shape, may be the
         input itself), or the dtype of the labels: bool, an integer type, float32 or float64.
         Default int32 (intp from ``2**31 - 2`` elements on).
+    wrap_axes : int or sequence of ints, optional
+        Axes along which the array is periodic, as ``dask_image.ndmeasure.label`` takes them
+        (scipy has no such option): the last position along them neighbours the first (through
+        the structure's offsets, corners included), and a feature that crosses the edge is one
+        feature. Numbering keeps the rule below. ``None`` (default): no axis wraps.
 
     Returns
     -------
@@ -53,6 +59,7 @@ def label(input, structure=None, output=None):
         array for a Dask input, or on the other device than the input.
     LabelError
         A structure of the wrong rank or size, or not symmetric (``AsymmetricStructureError``);
+        ``wrap_axes`` naming an axis the input does not have, or one twice;
         an output array of the wrong shape; an output dtype too small for the labels, as SciPy
         raises it (for Dask inputs, when the number is computed). Bool outputs take any number
         of labels (they become True).
@@ -73,6 +80,9 @@ def label(input, structure=None, output=None):
                         f"{x.dtype}")
     structure = K.check_structure(structure, x.ndim)
     dtype, target = _output(output, x)
+    wrap = W.check_wrap_axes(wrap_axes, x.ndim)
+    if wrap and x.size:
+        return _label_wrapped(x, structure, dtype, target, wrap)
     if _is_dask(x):
         return K.plan(x, structure, dtype)
     if cuda.is_cupy_array(x):
@@ -92,6 +102,20 @@ def label(input, structure=None, output=None):
         target[...] = cuda.cupy().asarray(labels)
         return count
     return ndi.label(K.scipy_input(x), structure, output if target is not None else dtype)
+
+
+def _label_wrapped(x, structure, dtype, target, wrap):
+    """:func:`label` with ``wrap_axes``: the labels as scipy finds them, in a dtype that holds
+    any number of them, then joined across the wrapped edges (:mod:`._wrap`)."""
+    work = K.default_dtype(x.size)
+    if _is_dask(x):
+        return W.wrapped_dask(*K.plan(x, structure, work), structure, wrap, dtype)
+    labels, count = label(x, structure, work)
+    labels, count = W.wrapped(labels, count, structure, wrap, dtype)
+    if target is None:
+        return labels, count
+    target[...] = labels
+    return count
 
 
 def _walk_order(strides) -> tuple[int, ...]:

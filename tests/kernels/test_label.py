@@ -8,6 +8,7 @@ numbering must be identical, not merely equivalent."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -907,3 +908,124 @@ def test_chunks_on_several_devices_of_one_process():
     parts = [labels.blocks[i].compute() for i in range(4)]
     assert [p.device.id for p in parts] == [0, 1, 0, 1]
     assert_close(np.concatenate([p.get() for p in parts]), expected)
+
+
+# -- periodic labelling (wrap_axes, dask-image's option) --------------------------------------------
+
+
+def periodic_reference(x, structure, wrap):
+    """Labels of ``x`` with the ``wrap`` axes closed into rings, pixel by pixel: union-find over
+    every foreground pixel and its structure neighbours (indices wrapped along ``wrap``, out of
+    range elsewhere), components numbered by their first pixel in raster order."""
+    x = np.asarray(x) != 0
+    shape = x.shape
+    flat = np.flatnonzero(x)
+    parent = {int(i): int(i) for i in flat}
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    offsets = [np.array(o) - 1 for o in zip(*np.nonzero(structure))]
+    for i in flat:
+        p = np.array(np.unravel_index(i, shape))
+        for o in offsets:
+            q = p + o
+            ok = True
+            for a, n in enumerate(shape):
+                if a in wrap:
+                    q[a] %= n
+                elif not 0 <= q[a] < n:
+                    ok = False
+            if ok and x[tuple(q)]:
+                a, b = root(int(i)), root(int(np.ravel_multi_index(tuple(q), shape)))
+                parent[max(a, b)] = min(a, b)
+    out = np.zeros(shape, dtype=np.int32)
+    numbers = {}
+    for i in flat:
+        r = root(int(i))
+        numbers.setdefault(r, len(numbers) + 1)
+        out.flat[i] = numbers[r]
+    return out, len(numbers)
+
+
+def check_wrapped(backend, x, structure, wrap, chunks=(), whole=True):
+    expected, n = periodic_reference(x, structure, wrap)
+    if whole:
+        got, count = ndimage.label(device(backend, x), structure, wrap_axes=wrap)
+        assert type(got).__module__.split(".")[0] == backend and isinstance(count, int)
+        assert count == n and got.dtype == np.int32
+        assert_close(got, expected, err_msg=f"whole array, wrap {wrap}")
+    for c in chunks:
+        dx = da.from_array(device(backend, x), chunks=c, asarray=False)
+        got, count = ndimage.label(dx, structure, wrap_axes=wrap)
+        assert type(got._meta).__module__.split(".")[0] == backend and got.chunks == dx.chunks
+        labels, number = dask.compute(got, count)
+        assert int(number) == n, f"chunks {c}, wrap {wrap}: {int(number)} labels, expected {n}"
+        assert_close(labels, expected, err_msg=f"chunks {c}, wrap {wrap}")
+
+
+@backends
+@pytest.mark.parametrize("shape", [(13,), (9, 11), (1, 12), (2, 7), (5, 6, 4), (3, 1, 5)])
+@pytest.mark.parametrize("density", [0.3, 0.55])
+def test_wrap_axes_close_the_array_into_rings(backend, shape, density):
+    """Every subset of axes wrapped, every structure, several chunkings (one-pixel chunks,
+    uneven edges): the labels of the periodic array, numbered by first pixel."""
+    rng = np.random.default_rng(sum(shape) + int(100 * density))
+    x = rng.random(shape) < density
+    ndim = len(shape)
+    chunked = [c for c in label_chunkings(shape) if c != shape][:2]
+    # faces only, every neighbour, and one reaching across corners alone
+    kinds = structures(ndim)
+    kinds = [kinds[0], kinds[ndim - 1]] + ([kinds[ndim + 1]] if ndim >= 2 else [])
+    wraps = [w for k in range(1, ndim + 1) for w in itertools.combinations(range(ndim), k)]
+    if ndim == 3:  # one axis, two, all three
+        wraps = [(0,), (1, 2), (0, 1, 2)]
+    for wrap in wraps:
+        for structure in kinds:
+            check_wrapped(backend, x, structure, wrap, chunked)
+
+
+@backends
+def test_wrap_axes_dask_image_cases(backend):
+    """dask-image's test_label_wrap: features joined across one edge, both edges, corners."""
+    a = np.array([[0, 0, 0, 0, 0], [1, 0, 0, 0, 1], [0, 0, 0, 0, 0]] * 1)
+    full2, cross2 = ndi.generate_binary_structure(2, 2), ndi.generate_binary_structure(2, 1)
+    corners = np.array([[1, 0, 0, 0, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 1]])
+    for x, structure, wrap, want in [
+            (a, full2, (1,), 1), (a, full2, (0,), 2), (corners, full2, (0, 1), 1),
+            (corners, cross2, (0, 1), 1), (corners, cross2, (1,), 2), (corners, cross2, (), 4)]:
+        got, n = ndimage.label(da.from_array(device(backend, x), chunks=2), structure,
+                               wrap_axes=wrap or None)
+        assert int(n.compute()) == want
+        assert_close(got.compute(), periodic_reference(x, structure, wrap)[0])
+
+
+@backends
+def test_wrap_axes_output_arrays_and_dtypes(backend):
+    x = np.array([[1, 0, 1], [0, 0, 0], [1, 0, 1]])
+    cp = cuda.cupy() if backend == "cupy" else np
+    out = cp.zeros(x.shape, dtype=np.int64)
+    assert ndimage.label(device(backend, x), output=out, wrap_axes=(0, 1),
+                         structure=np.ones((3, 3))) == 1
+    assert_close(out, np.where(x, 1, 0).astype(np.int64))
+    labels, n = ndimage.label(device(backend, x), output=np.uint8, wrap_axes=1)
+    assert labels.dtype == np.uint8 and n == 2
+    assert_close(labels, np.array([[1, 0, 1], [0, 0, 0], [2, 0, 2]], dtype=np.uint8))
+    with pytest.raises(LabelError, match="bit-depth"):
+        ndimage.label(device(backend, np.tile([1, 0], 300)), output=np.uint8, wrap_axes=0)
+    labels, n = ndimage.label(device(backend, np.zeros((0, 4))), wrap_axes=0)
+    assert labels.shape == (0, 4) and n == 0
+
+
+def test_wrap_axes_errors():
+    x = np.ones((3, 4))
+    for bad in ((2,), (-3,), (0, 0), (0, -2), (1.0,), "0", (True,)):
+        with pytest.raises(LabelError, match="wrap_axes"):
+            ndimage.label(x, wrap_axes=bad)
+    with pytest.raises(LabelError, match="wrap_axes"):
+        ndimage.label(da.from_array(x, chunks=2), wrap_axes=5)
+    assert ndimage.label(x, wrap_axes=-1)[1] == 1
+    assert ndimage.label(x, wrap_axes=())[1] == 1
