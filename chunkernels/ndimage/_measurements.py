@@ -840,7 +840,9 @@ def labeled_comprehension(input, labels, index, func, out_dtype, default, pass_p
     array or scalar
         Shaped like ``index``; with no labels or no index, whatever ``func`` returns. CuPy
         input: CuPy arrays (a list for ``out_dtype=object``), as cupyx; Dask input: a lazy Dask
-        array (0-d with no labels, no index or a scalar index), as dask-image.
+        array (0-d with no labels, no index or a scalar index), as dask-image. A 0-d result of
+        ``out_dtype=object`` computes to the object itself (an array, ``None``, a number),
+        except a tuple or list, which it holds in a 0-d object array.
 
     Raises
     ------
@@ -883,18 +885,28 @@ def _comprehension_block(select, keys, shape, origin, x, labels):
 
 def _as_0d(combine, out_dtype, parts):
     """A function's raw result as the 0-d Dask result holds it: an array of ``out_dtype``, or for
-    ``object`` the result itself (:func:`_unboxed`)."""
+    ``object`` the result itself (see :func:`_unbox`)."""
     result = combine(parts)
     if np.dtype(out_dtype) == object:
-        return result
+        return _unbox(result)
     return cuda.array_module(result).asarray(result, dtype=out_dtype)
 
 
 def _unboxed(combine, parts):
-    """The object a 0-d object result holds: computing a 0-d Dask array returns its one block
-    as it is, so the lazy result computes to scipy's value (``func``'s result, or ``default``
-    for an absent label), as dask-image's does, rather than a 0-d array holding it."""
-    return combine(parts)[()]
+    """A 0-d object result as the object it holds (:func:`_unbox`)."""
+    return _unbox(combine(parts)[()])
+
+
+def _unbox(value):
+    """The block a 0-d object Dask result holds: ``value`` itself, which computing the lazy
+    result returns as it is (scipy's value, ``func``'s result or ``default``, as dask-image's
+    results compute to), except a tuple or list, which Dask's finalize would read as nested
+    blocks: that stays in a 0-d object array."""
+    if isinstance(value, tuple | list):
+        box = np.empty((), object)
+        box[()] = value
+        return box
+    return value
 
 
 def _check_index_precision(q):
