@@ -161,7 +161,11 @@ def _pipeline(args, client) -> int:
         level = float(background.median) + NSIGMA * background.std
         with steps("threshold + label"):
             labels, count = label(threshold(image, np.float64(level)))
-            labels = _persist(labels, client)
+            if hasattr(count, "compute"):
+                # one graph for both: computed apart, the labels' persist (whose optimisation
+                # fuses the threshold into the labelling) and the count's compute would send
+                # the scheduler one key with two definitions
+                labels, count = _persist((labels, count), client)
             count = int(_host(count.compute() if hasattr(count, "compute") else count))
         with steps("measure"):
             table = measure(image, labels, properties=CATALOGUE, as_frame=False)
@@ -214,12 +218,16 @@ def _open(path, chunk, gpu, read_image):
 
 
 def _persist(x, client):
-    x = x.persist()
+    """``x`` (a Dask collection, or a tuple of them persisted together) in memory; with a
+    client, once the workers hold it."""
+    import dask
+
+    persisted = dask.persist(*x) if isinstance(x, tuple) else (x.persist(),)
     if client is not None:
         from distributed import wait
 
-        wait(x)
-    return x
+        wait(list(persisted))
+    return persisted if isinstance(x, tuple) else persisted[0]
 
 
 def _gpu_names(client) -> list[str]:
