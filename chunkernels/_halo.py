@@ -209,9 +209,8 @@ def _run_stack(fn, jobs):
     with contextlib.nullcontext() if xp is np else first.device:
         try:
             stack = xp.empty((len(jobs), *shape), dtype=first.dtype)
-            if xp is np or not _gather_stack(stack, jobs):
-                for entry, (plan, (core,), (pieces,)) in zip(stack, jobs):
-                    _fill(xp, plan, entry, core, pieces)
+            for entry, (plan, (core,), (pieces,)) in zip(stack, jobs):
+                _fill(xp, plan, entry, core, pieces)
             out = fn.stacked(stack)
         except MemoryError:  # CuPy's OutOfMemoryError, RMM's bad_alloc: block by block instead
             return None
@@ -391,8 +390,7 @@ GATHER_WORD_TYPES = {1: "unsigned char", 2: "unsigned short", 4: "unsigned int",
                      8: "unsigned long long", 16: "halo_word16"}
 #: The gather's CUDA source (a library source, not a registered kernel) and its instantiations.
 GATHER_SOURCE = "halo_gather.cu"
-GATHER_ENTRIES = tuple(f"{kernel}<{word}>" for kernel in ("halo_gather", "halo_gather_stack")
-                       for word in GATHER_WORD_TYPES.values())
+GATHER_ENTRIES = tuple(f"halo_gather<{word}>" for word in GATHER_WORD_TYPES.values())
 _GATHER_BLOCK = 256
 #: Columns each thread copies per row: a thread splits its row index into the outer coordinates
 #: once (64-bit divisions), then copies this many elements of the row.
@@ -486,34 +484,6 @@ def _gather(buf, offsets, core_at, block, pieces) -> bool:
             min(rows, _GATHER_MAX_GRID_Y))
     kernel = cuda.function(GATHER_SOURCE, f"halo_gather<{word}>")
     kernel(grid, (_GATHER_BLOCK,), (buf, words.view(_GATHER_PARAM)))
-    return True
-
-
-def _gather_stack(stack, jobs) -> bool:
-    """Fill each entry of CuPy ``stack`` from its job's block and pieces (see
-    :func:`_run_stack`) in one launch, the plans copied to the device in one transfer; False
-    where the gather kernel cannot take every entry (then nothing is written)."""
-    cp = cuda.cupy()
-    word = GATHER_WORD_TYPES.get(stack.dtype.itemsize)
-    if word is None or stack.ndim - 1 > GATHER_DIMS or len(jobs) > _GATHER_MAX_GRID_Y:
-        return False
-    device = stack.data.device_id
-    plans = np.empty((len(jobs), GATHER_WORDS), dtype=np.int64)
-    for row, (plan, (core,), (pieces,)) in zip(plans, jobs):
-        arrays = [p.block if isinstance(p, Held) else p for p in pieces]
-        if any(a.data.device_id != device or a.dtype != stack.dtype for a in (core, *arrays)):
-            return False
-        _, _, _, offsets, core_at = plan
-        words = gather_words(stack.shape[1:], offsets, core_at, core, pieces)
-        if words is None:
-            return False
-        row[:] = words
-    cols = stack.shape[-1]
-    rows = stack[0].size // cols
-    grid = (min(-(-cols // (_GATHER_BLOCK * _GATHER_COLUMNS_PER_THREAD)), _GATHER_MAX_GRID_X),
-            min(rows, _GATHER_MAX_GRID_Y), len(jobs))
-    kernel = cuda.function(GATHER_SOURCE, f"halo_gather_stack<{word}>")
-    kernel(grid, (_GATHER_BLOCK,), (stack, cp.asarray(plans), np.int64(stack[0].size)))
     return True
 
 

@@ -11,9 +11,6 @@
 // coordinates is paid once per row): it finds the segment of its row along the outer axes once,
 // and along the inner axis per element (a few compares), then reads the piece holding it.
 //
-// halo_gather_stack does the same for a stack of buffers of one shape, one plan each, read from
-// a device array (a group's blocks of one extended shape, in one launch).
-//
 // The copy moves bits: W is an unsigned word of the element's size, so one instantiation serves
 // every dtype of that size. The plan is passed by value (2880 bytes of kernel parameters) as a
 // __grid_constant__, so indexing it with a run-time piece number reads the parameter bank and
@@ -40,15 +37,13 @@ __device__ __forceinline__ int halo_segment(const HaloGatherPlan& plan, int axis
     return s;
 }
 
-// One buffer's rows r = r0, r0 + rstep, ... and columns c = c0, c0 + cstep, ... (a launch's share).
 template <typename W>
-__device__ __forceinline__ void halo_gather_rows(W* __restrict__ dst, const HaloGatherPlan& plan,
-                                                 long long r0, long long rstep, long long c0,
-                                                 long long cstep)
+__global__ void __launch_bounds__(256) halo_gather(W* __restrict__ dst,
+                                                  const __grid_constant__ HaloGatherPlan plan)
 {
     const long long cols = plan.shape[3];
     const long long rows = plan.shape[0] * plan.shape[1] * plan.shape[2];
-    for (long long r = r0; r < rows; r += rstep) {
+    for (long long r = blockIdx.y; r < rows; r += gridDim.y) {
         const long long p2 = r % plan.shape[2];
         const long long q = r / plan.shape[2];
         const long long p1 = q % plan.shape[1];
@@ -60,7 +55,8 @@ __device__ __forceinline__ void halo_gather_rows(W* __restrict__ dst, const Halo
         const long long d0 = p0 - plan.seg[0][s0], d1 = p1 - plan.seg[1][s1],
                         d2 = p2 - plan.seg[2][s2];
         W* row = dst + r * cols;
-        for (long long c = c0; c < cols; c += cstep) {
+        for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < cols;
+             c += (long long)gridDim.x * blockDim.x) {
             const int s3 = halo_segment(plan, 3, c);
             const long long k = outer * plan.nseg[3] + s3;
             const long long* st = plan.stride[k];
@@ -68,26 +64,4 @@ __device__ __forceinline__ void halo_gather_rows(W* __restrict__ dst, const Halo
             row[c] = src[d0 * st[0] + d1 * st[1] + d2 * st[2] + (c - plan.seg[3][s3]) * st[3]];
         }
     }
-}
-
-template <typename W>
-__global__ void __launch_bounds__(256) halo_gather(W* __restrict__ dst,
-                                                  const __grid_constant__ HaloGatherPlan plan)
-{
-    halo_gather_rows<W>(dst, plan, blockIdx.y, gridDim.y,
-                        (long long)blockIdx.x * blockDim.x + threadIdx.x,
-                        (long long)gridDim.x * blockDim.x);
-}
-
-// A stack of buffers of one shape, one after another from dst (each `size` words), buffer z
-// assembled from plans[z] (a device array of plans): one launch for a group's blocks of one
-// extended shape (chunkernels/_halo.py, _gather_stack).
-template <typename W>
-__global__ void __launch_bounds__(256) halo_gather_stack(W* __restrict__ dst,
-                                                        const HaloGatherPlan* __restrict__ plans,
-                                                        const long long size)
-{
-    halo_gather_rows<W>(dst + blockIdx.z * size, plans[blockIdx.z], blockIdx.y, gridDim.y,
-                        (long long)blockIdx.x * blockDim.x + threadIdx.x,
-                        (long long)gridDim.x * blockDim.x);
 }

@@ -516,38 +516,6 @@ def test_gather_kernel_assembles_what_slice_assignment_does(box_sum, dtype, view
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["bool", "int16", "float32", "float64", "complex128"])
-@pytest.mark.parametrize("view", ["C", "reversed", "transposed"])
-def test_stack_gather_fills_each_entry_as_its_own_gather(box_sum, monkeypatch, dtype, view):
-    """One launch fills a stack of extended blocks (halo_gather_stack, a plan per entry read
-    from the device) exactly as a gather per block does, for blocks of any layout."""
-    from chunkernels.testing import to_device_view
-
-    cp = chunkernels.cuda.cupy()
-    rng = np.random.default_rng(34)
-    for shape, chunks, radius, mode in [((40, 33), (10, 9), (2, 3), "reflect"),
-                                        ((9, 11), (4, 3), (1, 2), ("constant", "wrap")),
-                                        ((6, 7, 8), (2, 3, 3), (1, 2, 1), "wrap")]:
-        base = rng.integers(-100, 100, size=shape).astype(dtype)
-        x_np = {"C": base, "reversed": base[::-1], "transposed": base.T.copy().T}[view]
-        dx = da.from_array(to_device_view(x_np), chunks=chunks, asarray=False).persist()
-        monkeypatch.setattr(_halo, "group_blocks", lambda held: None not in held)
-        z = chunkernels.apply(dx, "box_sum", radius=radius, mode=mode)
-        jobs = [job for k, task in dict(z.__dask_graph__()).items()
-                if k[0] == f"{z.name}-group" for job in task.args[1] if job[0] is not None]
-        by_shape = {}
-        for job in jobs:
-            by_shape.setdefault(job[0][0], []).append(job)
-        for extended, members in by_shape.items():
-            stack = cp.full((len(members), *extended), 7, dtype=dtype)
-            assert _halo._gather_stack(stack, members)
-            for entry, (plan, (core,), (pieces,)) in zip(stack, members):
-                alone = cp.empty(extended, dtype=dtype)
-                assert _halo._gather(alone, plan[3], plan[4], core, pieces)
-                assert cp.array_equal(entry, alone), (shape, extended)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("kernel, params, shape, chunks", STACK_CASES, ids=str)
 @pytest.mark.parametrize("view", ["C", "fortran", "reversed"])
 def test_cupy_stacks_equal_a_block_at_a_time_bit_for_bit(monkeypatch, kernel, params, shape,
