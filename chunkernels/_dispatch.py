@@ -80,13 +80,15 @@ def out_of_memory_error(kernel: str, shape: tuple[int, ...], dtype, device, dept
 
 def device_memory(device) -> dict[str, Any]:
     """What :func:`out_of_memory_message` says about CuPy device ``device``: its id, name, free
-    and total bytes, and the limit set on CuPy's memory pool (0: none)."""
+    and total bytes, the limit set on the CuPy memory pool in use (0: none) and whether that
+    pool is CuPy's default one."""
     cp = cuda.cupy()
     with device:
         free, total = cp.cuda.runtime.memGetInfo()
         name = cp.cuda.runtime.getDeviceProperties(device.id)["name"].decode()
+    pool = pool_in_use()
     return {"id": device.id, "name": name, "free": free, "total": total,
-            "pool_limit": pool_in_use().get_limit()}
+            "pool_limit": pool.get_limit(), "default_pool": pool is cp.get_default_memory_pool()}
 
 
 def pool_in_use():
@@ -120,8 +122,10 @@ def out_of_memory_message(kernel: str, shape: tuple[int, ...], dtype, depth: Seq
     core = [max(1, n - sum(halo.get(a, (0, 0)))) for a, n in enumerate(shape)]
     smaller = tuple(c // 2 if c > 1 else c for c in core)
     halved = sum(c > 1 for c in core)
+    setter = ("cupy.get_default_memory_pool().set_limit" if device.get("default_pool", True)
+              else "the set_limit of the pool given to cupy.cuda.set_allocator")
     limit = (f"; CuPy's memory pool is limited to {format_bytes(device['pool_limit'])} "
-             f"(cupy.get_default_memory_pool().set_limit)" if device.get("pool_limit") else "")
+             f"({setter})" if device.get("pool_limit") else "")
     advice = (f"Use chunks about half as long along each axis, e.g. x = x.rechunk({smaller}) "
               f"(1/{2 ** halved} of the memory per block), or " if halved else "")
     return (f"{kernel}: the GPU ran out of memory on a block of shape {tuple(shape)} "

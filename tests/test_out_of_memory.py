@@ -49,6 +49,10 @@ def test_message_for_a_pointwise_kernel_a_pool_limit_and_thin_axes():
     assert "free of 140.00 GiB; CuPy's memory pool is limited to 64.00 MiB " \
            "(cupy.get_default_memory_pool().set_limit). " in msg
     assert "e.g. x = x.rechunk((1, 3000, 2)) (1/4 of the memory per block)" in msg
+    own = out_of_memory_message("broadcast_add", (1, 6000, 5), np.float64, (0, 0, 0),
+                                {**H200, "pool_limit": 64 * MiB, "default_pool": False}, "E")
+    assert "limited to 64.00 MiB (the set_limit of the pool given to " \
+           "cupy.cuda.set_allocator). " in own
     one = out_of_memory_message("k", (1, 1), "int8", (0, 0), H200, "MemoryError")
     assert "rechunk" not in one and ". Leave" not in one and "leave the kernel more" in one
 
