@@ -84,7 +84,6 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
     pack = (lambda items: List(*items)) if lazy else tuple
     targets, cuts = _plans(tuple(map(tuple, x.chunks)), tuple(depth), tuple(boundary), lazy)
 
-    grouped = group_blocks(held)
     graph: dict = {}
     for source, wanted in cuts.items():
         ranges = tuple(wanted)  # insertion order: the positions handed out above
@@ -92,12 +91,13 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
             if blocks is None:
                 key = (strips, *source)
                 graph[key] = Task(key, _cut, TaskRef((inp, *source)), ranges)
+    # per output key: (plan, cores, pieces), or (None, cores) for an empty block
+    jobs: dict = {}
     for index, target in targets.items():
-        key = (name, *index)
         cores = pack([TaskRef((inp, *index)) if blocks is None else blocks[index]
                       for inp, blocks in zip(names, held)])
         if target is None:
-            graph[key] = (None, cores) if grouped else Task(key, _call, fn, cores)
+            jobs[(name, *index)] = (None, cores)
             continue
         plan, placements = target
         pieces = []
@@ -109,14 +109,14 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
                 pieces.append(Task(None, _pick, refs, picks))
             else:  # the blocks in memory, not cut: the gather reads the pieces in place
                 pieces.append(tuple([Held(blocks[s], c) for s, _, c, _ in placements]))
-        if grouped:
-            graph[key] = (plan, cores, tuple(pieces))
-        else:
-            graph[key] = Task(key, _extend_and_run, fn, plan, cores, pack(pieces))
-    if grouped:
+        jobs[(name, *index)] = (plan, cores, pack(pieces))
+    if group_blocks(held):
         itemsize = np.dtype(dtype).itemsize
-        graph = _grouped(name, fn, graph, {key: itemsize * math.prod(
-            c[i] for c, i in zip(x.chunks, key[1:])) for key in graph})
+        graph.update(_grouped(name, fn, jobs, {key: itemsize * math.prod(
+            c[i] for c, i in zip(x.chunks, key[1:])) for key in jobs}))
+    else:
+        graph.update({key: Task(key, _call, fn, job[1]) if job[0] is None
+                      else Task(key, _extend_and_run, fn, *job) for key, job in jobs.items()})
     layer = HighLevelGraph.from_collections(
         name, graph, dependencies=[a for a, blocks in zip(inputs, held) if blocks is None])
     return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
@@ -181,12 +181,17 @@ def _run_group(fn, jobs):
             device = core.data.device_id if cuda.is_cupy_array(core) else None
             stacks.setdefault((job[0][0], core.dtype, device), []).append(i)
         else:
-            results[i] = _call(fn, job[1]) if job[0] is None else _extend_and_run(fn, *job)
+            results[i] = _run_job(fn, job)
     for members in stacks.values():
         stacked = _run_stack(fn, [jobs[i] for i in members]) if len(members) > 1 else None
         for n, i in enumerate(members):
-            results[i] = _extend_and_run(fn, *jobs[i]) if stacked is None else stacked[n]
+            results[i] = _run_job(fn, jobs[i]) if stacked is None else stacked[n]
     return results
+
+
+def _run_job(fn, job):
+    """One block's result: ``fn`` on an empty block, or on the block extended by its halo."""
+    return _call(fn, job[1]) if job[0] is None else _extend_and_run(fn, *job)
 
 
 def _stackable(fn, job) -> bool:

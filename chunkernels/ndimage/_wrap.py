@@ -97,11 +97,9 @@ def merge_table(pairs: np.ndarray, count: int) -> tuple[np.ndarray, int]:
 def wrapped(labels, count: int, structure, wrap, dtype):
     """NumPy or CuPy ``labels`` (``count`` features) joined across the wrapped edges:
     ``(labels of dtype, number)``."""
-    xp = cuda.array_module(labels)
     faces = [labels[s] for pair in edge_pairs(labels.shape, structure, wrap) for s in pair]
-    table, number = merge_table(_pairs(faces), int(count))
-    check_bit_depth(number, dtype)
-    return xp.asarray(table).astype(dtype, copy=False)[labels], number
+    merged = _merge_faces(count, dtype, *faces)
+    return _relabel(labels, merged), merged[1]
 
 
 def wrapped_dask(labels, count, structure, wrap, dtype):
@@ -130,12 +128,15 @@ def wrapped_dask(labels, count, structure, wrap, dtype):
 
 
 def _merge_faces(count, dtype, *faces):
+    """``(table in dtype, number)`` for labels ``0..count`` joined across the ``faces`` (pairs
+    of arrays, as :func:`edge_pairs` slices them), or scipy's error where dtype is too small."""
     table, number = merge_table(_pairs(faces), int(count))
     check_bit_depth(number, dtype)
     return table.astype(dtype, copy=False), number
 
 
 def _relabel(block, merged):
+    """``block``'s labels through the table of :func:`_merge_faces`."""
     table = merged[0]
     return cuda.array_module(block).asarray(table)[block]
 
