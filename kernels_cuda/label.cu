@@ -537,6 +537,63 @@ label_write_summary(I* parent, const I* __restrict__ counts, const I* __restrict
     });
 }
 
+// label_write_summary's summary alone, without the labels: one thread per summary element of
+// each chunk (chunk = idx / size, size = the faces then total / n3 lines), reading the root of
+// the pixel it stands for. The labels are written later, already global (label_write_through).
+template <typename I>
+__global__ void label_summary(const I* __restrict__ parent, const I* __restrict__ counts,
+                              const I* __restrict__ offsets, const long long seg,
+                              I* __restrict__ summaries, const I n0, const I n1, const I n2,
+                              const I n3, const int first_axis, const int batch,
+                              const long long size)
+{
+    const I total = batch ? n1 * n2 * n3 : n0 * n1 * n2 * n3;  // one chunk's pixels
+    const I n[4] = {n0, n1, n2, n3};
+    const long long chunks = batch ? (long long)n0 : 1;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < chunks * size;
+         idx += step) {
+        const I chunk = (I)(idx / size);
+        long long e = idx - (long long)chunk * size;
+        I c[4] = {batch ? chunk : I(0), 0, 0, 0};
+        int y = 0;
+        for (; y < 2 * (4 - first_axis); ++y) {  // which face, if any
+            const I face = total / n[first_axis + y / 2];
+            if (e < face) {
+                break;
+            }
+            e -= face;
+        }
+        if (y < 2 * (4 - first_axis)) {  // pixel e of the face, C order over the other axes
+            const int a = first_axis + y / 2;
+            for (int b = 3; b >= first_axis; --b) {
+                if (b != a) {
+                    c[b] = (I)(e % n[b]);
+                    e /= n[b];
+                }
+            }
+            c[a] = y % 2 ? n[a] - 1 : I(0);
+        } else {  // the last pixel of line e
+            c[3] = n3 - 1;
+            for (int b = 2; b >= first_axis; --b) {
+                c[b] = (I)(e % n[b]);
+                e /= n[b];
+            }
+        }
+        const I p = ((c[0] * n1 + c[1]) * n2 + c[2]) * n3 + c[3];
+        const I before = chunk ? I(label_scanned(counts, offsets, seg,
+                                                 (long long)chunk * total - 1)) : I(0);
+        I value;
+        if (y < 2 * (4 - first_axis)) {
+            const I v = parent[p];
+            value = v < 0 ? I(0) : I(label_scanned(counts, offsets, seg, (long long)v)) - before;
+        } else {
+            value = I(label_scanned(counts, offsets, seg, (long long)p)) - before;
+        }
+        summaries[idx] = value;
+    }
+}
+
 // -- 7. a block's lookup table, for the chunked relabel -----------------------------------------
 // table[l] for the local labels l = 0..k of one block (chunkernels.kernels.label._table computes
 // the same on the host; the merge there explains the numbering): 0 for the background; for a
@@ -806,6 +863,26 @@ __global__ void label_face_roots(long long* parent, const long long* __restrict_
     }
 }
 
+// The global label of local label l > 0 of a block whose slots are ends[s0 .. s0 + lines).
+__device__ __forceinline__ long long label_global(const long long* ends, const label_raster scan,
+                                                  const long long s0, const long long lines,
+                                                  const long long l,
+                                                  const long long* __restrict__ sorted,
+                                                  const long long* __restrict__ root,
+                                                  const long long* __restrict__ away,
+                                                  const long long* __restrict__ away_offsets,
+                                                  const long long away_seg,
+                                                  const long long faces)
+{
+    long long r = label_rank(ends, scan, s0, lines, l);
+    long long j = label_lower_bound(sorted, faces, r);
+    if (j < faces && sorted[j] == r) {  // a node on a face: its component's first
+        j = root[j];
+        r = sorted[j];
+    }
+    return r + 1 - (j > 0 ? label_scanned(away, away_offsets, away_seg, j - 1) : 0);
+}
+
 // table[l] for the local labels l = 0..min(k, bound) of one block, k its number of labels
 // (read here: the host does not wait for it) and bound the table's last index. (away,
 // away_offsets, away_seg) is the scan of the flags of label_face_roots.
@@ -826,17 +903,98 @@ __global__ void label_renumber(const long long* __restrict__ ends,
     const long long k = lines > 0 ? min(ends[s0 + lines - 1], bound) : 0;
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long l = (long long)blockIdx.x * blockDim.x + threadIdx.x; l <= k; l += step) {
-        long long value = 0;
-        if (l > 0) {
-            long long r = label_rank(ends, scan, s0, lines, l);
-            long long j = label_lower_bound(sorted, faces, r);
-            if (j < faces && sorted[j] == r) {  // a node on a face: its component's first
-                j = root[j];
-                r = sorted[j];
+        table[l] = O(l > 0 ? label_global(ends, scan, s0, lines, l, sorted, root, away,
+                                          away_offsets, away_seg, faces) : 0);
+    }
+}
+
+// label_renumber for the chunks of a batch (label_summary), one chunk per blockIdx.y: chunk y
+// is block b.p[y] of the grid, and its local label l goes to table[before + l], before being its
+// batch's roots up to the chunk (the root scan counts, offsets, seg of the batch's forest): the
+// table is indexed by a root's rank in the batch (label_write_through).
+struct label_blocks {
+    long long p[LABEL_BATCH];
+};
+
+template <typename I, typename O>
+__global__ void label_renumber_batch(const long long* __restrict__ ends,
+                                     const long long* __restrict__ raster,
+                                     const long long* __restrict__ raster_offsets,
+                                     const long long raster_seg,
+                                     const long long* __restrict__ segment,
+                                     const long long* __restrict__ first, const label_blocks b,
+                                     const I* __restrict__ counts, const I* __restrict__ offsets,
+                                     const long long seg, const long long total,
+                                     const long long* __restrict__ sorted,
+                                     const long long* __restrict__ root,
+                                     const long long* __restrict__ away,
+                                     const long long* __restrict__ away_offsets,
+                                     const long long away_seg, const long long faces,
+                                     O* __restrict__ table, const long long bound)
+{
+    const label_raster scan = {raster, raster_offsets, raster_seg, segment};
+    const long long chunk = blockIdx.y;
+    const long long s0 = first[b.p[chunk]], lines = first[b.p[chunk] + 1] - s0;
+    const long long before = chunk ? (long long)label_scanned(counts, offsets, seg,
+                                                              chunk * total - 1) : 0;
+    const long long k = lines > 0 ? min(ends[s0 + lines - 1], bound) : 0;
+    const long long step = (long long)gridDim.x * blockDim.x;
+    for (long long l = (long long)blockIdx.x * blockDim.x + threadIdx.x + 1; l <= k; l += step) {
+        table[before + l] = O(label_global(ends, scan, s0, lines, l, sorted, root, away,
+                                           away_offsets, away_seg, faces));
+    }
+}
+
+// Every pixel of a batch (its forest: parent, and the scan of its root flags) through the batch's
+// table (label_renumber_batch), flat: out[p] = table[rank of p's root]. out may be the parent
+// array itself (each thread reads its own parents before writing). Four pixels a thread, read
+// as one vector when the parents allow (32-bit, 16-byte aligned; CuPy's allocations are), so
+// that each thread has four loads in flight.
+template <typename I, typename O>
+__device__ __forceinline__ O label_through(const I v, const I* __restrict__ counts,
+                                           const I* __restrict__ offsets, const long long seg,
+                                           const O* __restrict__ table)
+{
+    return v < 0 ? O(0) : table[label_scanned(counts, offsets, seg, (long long)v)];
+}
+
+template <typename O>
+struct alignas(4 * sizeof(O)) label_quad {
+    O v[4];
+};
+
+template <typename I, typename O>
+__global__ void label_write_through(const I* parent, const I* __restrict__ counts,
+                                    const I* __restrict__ offsets, const long long seg,
+                                    const O* __restrict__ table, O* out, const long long n)
+{
+    const long long step = (long long)gridDim.x * blockDim.x;
+    const long long quads = n / 4;
+    long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if constexpr (sizeof(I) == 4) {
+        const bool quad_out =
+            sizeof(O) == 4 && (reinterpret_cast<unsigned long long>(out) & 15ull) == 0;
+        if ((reinterpret_cast<unsigned long long>(parent) & 15ull) == 0) {
+            for (; q < quads; q += step) {
+                const int4 v = reinterpret_cast<const int4*>(parent)[q];
+                const O a = label_through<I, O>(I(v.x), counts, offsets, seg, table);
+                const O b = label_through<I, O>(I(v.y), counts, offsets, seg, table);
+                const O c = label_through<I, O>(I(v.z), counts, offsets, seg, table);
+                const O d = label_through<I, O>(I(v.w), counts, offsets, seg, table);
+                if (quad_out) {
+                    reinterpret_cast<label_quad<O>*>(out)[q] = label_quad<O>{{a, b, c, d}};
+                } else {
+                    out[4 * q] = a;
+                    out[4 * q + 1] = b;
+                    out[4 * q + 2] = c;
+                    out[4 * q + 3] = d;
+                }
             }
-            value = r + 1 - (j > 0 ? label_scanned(away, away_offsets, away_seg, j - 1) : 0);
+            q = 4 * quads + (long long)blockIdx.x * blockDim.x + threadIdx.x;  // the tail
         }
-        table[l] = O(value);
+    }
+    for (; q < n; q += step) {
+        out[q] = label_through<I, O>(parent[q], counts, offsets, seg, table);
     }
 }
 

@@ -283,7 +283,7 @@ class _ForestPlan:
 
     __slots__ = ("index", "ctype", "dims", "grid", "tiles", "tiles_args", "merge", "merge_args",
                  "flatten", "shape", "size", "batch", "first_axis", "summary_size", "_writes",
-                 "_write_summary")
+                 "_write_summary", "_summary")
 
     def __init__(self, x, structure, index64, batch=0):
         self.index = np.int64 if index64 else np.int32
@@ -308,6 +308,7 @@ class _ForestPlan:
         self.summary_size = sum(faces) + lines
         self._writes = {}
         self._write_summary = None
+        self._summary = None
 
     def write(self, out) -> tuple:
         """``label_write`` into ``out``'s dtype and strides, and those strides as arguments."""
@@ -325,6 +326,12 @@ class _ForestPlan:
         if self._write_summary is None:
             self._write_summary = cuda.function("label", f"label_write_summary<{self.ctype}>")
         return self._write_summary
+
+    def summary(self):
+        """``label_summary`` (compiled on first use)."""
+        if self._summary is None:
+            self._summary = cuda.function("label", f"label_summary<{self.ctype}>")
+        return self._summary
 
 
 _FOREST_PLANS: dict[tuple, _ForestPlan] = {}
@@ -404,6 +411,21 @@ class _Forest:
         size, summary_size = plan.size, plan.summary_size
         return [(self.parent[b * size:(b + 1) * size].reshape(plan.shape),
                  summaries[b * summary_size:(b + 1) * summary_size]) for b in range(count)]
+
+    def summaries(self) -> list:
+        """Each block's summary, as :meth:`write_summary` writes it, but without writing the
+        labels: the parent array stays a forest, for :meth:`_DeviceNumbering.relabel_batch` to
+        write every pixel's global label in one pass."""
+        plan = self.plan
+        count = max(1, int(plan.batch))
+        n = plan.summary_size * count
+        summaries = cuda.cupy().empty(n, dtype=plan.index)
+        if n:
+            plan.summary()(_flat_grid(n), (_THREADS,), (self.parent, *self.rank.args, summaries,
+                                                        *plan.dims, plan.first_axis, plan.batch,
+                                                        np.int64(plan.summary_size)))
+        return [summaries[b * plan.summary_size:(b + 1) * plan.summary_size]
+                for b in range(count)]
 
 
 _NATIVE = frozenset(d for d in GPU_DTYPES if d != "float16")
@@ -526,30 +548,37 @@ class _LocalLabels:
             labels, summary = _local_host(block.get(), self.structure)
             return cuda.cupy().asarray(labels), cuda.cupy().asarray(summary)
 
-    def many(self, blocks) -> list[tuple]:
+    def many(self, blocks) -> tuple[list[tuple], list[tuple]]:
         """``[self(block) for block in blocks]``, CuPy blocks of one layout (device, shape,
         strides, dtype; at most 3-D) labelled together, a batch (:meth:`_Forest.batch`) taking
         one launch of each kernel where a block alone would take as many: what a task that
-        labels many blocks costs the host grows with their layouts, not their number."""
+        labels many blocks costs the host grows with their layouts, not their number.
+
+        Returns ``(results, batches)``. A batch's blocks are left as a forest: their results are
+        ``(None, summary)``, and ``batches`` holds ``(forest, the blocks' indices)`` for
+        :meth:`_DeviceNumbering.relabel_batch`, or :meth:`_Forest.write_summary` for their local
+        labels."""
         results = [None] * len(blocks)
-        batches = {}
+        by_layout = {}
         for i, block in enumerate(blocks):
             if (cuda.is_cupy_array(block) and 0 < block.size and block.ndim < MAX_NDIM
                     and block.dtype.name in _NATIVE and not _index64(block)
                     and SPEC.check_block(block, structure=self.structure)[0]):
                 key = (block.device.id, block.shape, block.strides, block.dtype)
-                batches.setdefault(key, []).append(i)
+                by_layout.setdefault(key, []).append(i)
             else:  # alone, or on the host (with a warning, or refused under strict)
                 results[i] = self(block)
-        for key, members in batches.items():
+        batches = []
+        for key, members in by_layout.items():
             per_batch = max(1, min(_BATCH, _BATCH_PIXELS // blocks[members[0]].size))
             for start in range(0, len(members), per_batch):
                 chunk = members[start:start + per_batch]
                 with blocks[chunk[0]].device:
                     forest = _Forest.batch([blocks[i] for i in chunk], self.structure, False)
-                    for i, result in zip(chunk, forest.write_summary()):
-                        results[i] = result
-        return results
+                    for i, summary in zip(chunk, forest.summaries()):
+                        results[i] = (None, summary)
+                batches.append((forest, chunk))
+        return results, batches
 
     def __dask_tokenize__(self):
         return ("chunkernels-label-local", self.structure.tobytes(), self.strict)
@@ -1050,6 +1079,61 @@ class _DeviceNumbering:
         return out
 
 
+    def relabel_batch(self, forest, members, dtype) -> list:
+        """The blocks ``members`` of the grid, labelled together as ``forest`` (a batch,
+        :meth:`_LocalLabels.many`), in the global numbering: one table for the batch, indexed by
+        a root's rank in it (``label_renumber_batch``), then every pixel through it
+        (``label_write_through``), into the parent array itself when ``dtype`` is its dtype.
+        Per block a C-ordered view of the result."""
+        cp = cuda.cupy()
+        plan = forest.plan
+        device = forest.parent.device.id
+        count = len(members)
+        launch = _batch_relabel_plan(device, self.shape, self.chunks, tuple(members), plan.ctype,
+                                     np.dtype(dtype), most_labels(self.structure, plan.shape))
+        a = self._here()
+        table = cp.empty(launch.table_size, dtype=dtype)
+        launch.renumber(launch.renumber_grid, (_THREADS,),
+                        (a["ends"], a["raster"], a["raster_offsets"], self.segs[0], launch.segment,
+                         launch.first, launch.blocks, *forest.rank.args, np.int64(plan.size),
+                         a["sorted"], a["root"], a["away"], a["away_offsets"], self.segs[1],
+                         np.int64(len(a["sorted"])), table, launch.bound))
+        n = forest.parent.size
+        out = forest.parent if forest.parent.dtype == dtype else cp.empty(n, dtype=dtype)
+        launch.write(_flat_grid(-(-n // 4)), (_THREADS,), (forest.parent, *forest.rank.args,
+                                                            table, out, np.int64(n)))
+        size = plan.size
+        return [out[i * size:(i + 1) * size].reshape(plan.shape) for i in range(count)]
+
+
+class _BatchRelabelPlan:
+    """What :meth:`_DeviceNumbering.relabel_batch` launches for a batch of blocks of a chunk grid
+    on one device, worked out once per grid and batch."""
+
+    __slots__ = ("renumber", "renumber_grid", "segment", "first", "blocks", "bound",
+                 "table_size", "write")
+
+    def __init__(self, device, shape, chunks, members, ctype, dtype, bound):
+        arrays = _layout(shape, chunks).on_device()
+        self.segment, self.first = arrays["segment"], arrays["first"]
+        blocks = np.zeros(_BATCH, dtype=np.int64)
+        blocks[:len(members)] = members
+        self.blocks = blocks.view(_SOURCES)
+        self.bound = np.int64(bound)
+        self.table_size = len(members) * bound + 1
+        per_block = max(1, 4 * cuda.sm_count(device) // len(members))
+        self.renumber_grid = (min(_flat_grid(bound)[0], per_block), len(members))
+        otype = cuda.cuda_type(dtype)
+        self.renumber = cuda.function("label", f"label_renumber_batch<{ctype}, {otype}>")
+        self.write = cuda.function("label", f"label_write_through<{ctype}, {otype}>")
+
+
+@functools.lru_cache(maxsize=256)
+def _batch_relabel_plan(device, shape, chunks, members, ctype, dtype, bound) -> _BatchRelabelPlan:
+    with cuda.cupy().cuda.Device(device):
+        return _BatchRelabelPlan(device, shape, chunks, members, ctype, dtype, bound)
+
+
 class _RelabelPlan:
     """What :meth:`_DeviceNumbering.relabel` launches for block ``b`` of a chunk grid on one
     device, worked out once per grid: the kernels, grids and scalar arguments."""
@@ -1136,10 +1220,48 @@ def _one_task_labels(xp) -> bool:
 
 
 def _label_blocks(plan: _MergePlan, local, dtype, blocks):
-    """Steps 1 to 3 in one task: ``(every block's labels, the merge)``."""
-    results = local.many(blocks)
+    """Steps 1 to 3 in one task: ``(every block's labels, the merge, the number of labels)``,
+    the number an ``int`` or a :class:`_HostNumber`. Blocks labelled in a batch get their global
+    labels in one pass over the batch when the merge was made on their device; else (blocks on
+    several devices, merged on the host) their local labels are written and relabelled block by
+    block, as the others are."""
+    results, batches = local.many(blocks)
     merged = _merge_task(plan, results)
-    return [_relabel(r, merged, b, dtype) for b, r in enumerate(results)], merged
+    number = _HostNumber(merged.total) if isinstance(merged, _DeviceNumbering) else merged[1]
+    out = [None] * len(blocks)
+    for forest, members in batches:
+        with forest.parent.device:
+            if isinstance(merged, _DeviceNumbering):
+                for b, labels in zip(members, merged.relabel_batch(forest, members, dtype)):
+                    out[b] = labels
+            else:
+                for b, local_result in zip(members, forest.write_summary()):
+                    results[b] = local_result
+    return [_relabel(r, merged, b, dtype) if out[b] is None else out[b]
+            for b, r in enumerate(results)], merged, number
+
+
+class _HostNumber:
+    """The number of labels (a 0-d device array) on its way to the host: copied to pinned
+    memory without waiting, behind the merge and ahead of the relabelling, so that reading it
+    (``int``) waits for the merge alone, and Dask's work after the count task overlaps the
+    relabelling on the device."""
+
+    __slots__ = ("value", "done")
+
+    def __init__(self, total):
+        import cupyx
+
+        cp = cuda.cupy()
+        self.value = cupyx.empty_pinned((), dtype=total.dtype)
+        with total.device:
+            cp.asnumpy(total, out=self.value, blocking=False)
+            self.done = cp.cuda.Event(disable_timing=True)
+            self.done.record()
+
+    def __int__(self) -> int:
+        self.done.synchronize()
+        return int(self.value)
 
 
 def _pick(labelled, b):
@@ -1150,8 +1272,8 @@ def _pick(labelled, b):
 def _count_labelled(labelled, blocks):
     """The number of labels from the result of :func:`_label_blocks`. ``blocks`` (the chunks'
     labels, unused) make the scheduler run it after every pick: reading the number waits for
-    the device, and the picks then need not wait for it."""
-    return _count(labelled[1])
+    the device (up to the merge), and the picks then need not wait for it."""
+    return np.asarray(int(labelled[2]), dtype=np.intp)
 
 
 def plan(x, structure, dtype=None, *, strict=False):
@@ -1283,6 +1405,16 @@ SPEC = KernelSpec(
         "label_lookup<int, bool>",
         "label_lookup<long long, long long>",
         "label_lookup<int, double>",
+        "label_summary<int>",
+        "label_summary<long long>",
+        "label_renumber_batch<int, int>",
+        "label_renumber_batch<int, bool>",
+        "label_renumber_batch<int, long long>",
+        "label_renumber_batch<int, double>",
+        "label_write_through<int, int>",
+        "label_write_through<int, bool>",
+        "label_write_through<int, long long>",
+        "label_write_through<int, double>",
     ),
     dtypes=GPU_DTYPES,
     ndim=(0, MAX_NDIM),

@@ -672,6 +672,20 @@ def test_device_merge_numbers_like_scipy_without_leaving_the_device(shape, chunk
     np.testing.assert_array_equal(out, want)
 
 
+def many_with_local_labels(local, blocks):
+    """``local.many(blocks)``'s results, each batch's blocks given their local labels
+    (:meth:`_Forest.write_summary`), whose summaries must be those ``many`` made without them
+    (``label_summary``)."""
+    results, batches = local.many(blocks)
+    out = list(results)
+    for forest, members in batches:
+        assert all(results[b][0] is None for b in members)
+        for b, (labels, summary) in zip(members, forest.write_summary()):
+            np.testing.assert_array_equal(summary.get(), results[b][1].get())
+            out[b] = (labels, results[b][1])
+    return out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, chunks, connectivity", [
     ((70, 90), (16, 25), 1), ((70, 90), (16, 25), 2), ((64, 64), (32, 32), 1),
@@ -699,12 +713,50 @@ def test_a_batch_labels_every_block_as_it_would_alone(shape, chunks, connectivit
         monkeypatch.setattr(K, "_BATCH_PIXELS", 3 * math.prod(chunks))
     local = K._LocalLabels(s, True)
     alone = [local(b) for b in blocks]
-    together = local.many(blocks)
+    together = many_with_local_labels(local, blocks)
     assert len(together) == len(blocks)
     for (labels, summary), (want_labels, want_summary) in zip(together, alone):
         assert labels.shape == want_labels.shape and summary.shape == want_summary.shape
         np.testing.assert_array_equal(labels.get(), want_labels.get())
         np.testing.assert_array_equal(summary.get(), want_summary.get())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, chunks, connectivity", [
+    ((70, 90), (16, 25), 1), ((70, 90), (16, 25), 2), ((64, 64), (32, 32), 2),
+    ((13, 30, 21), (5, 8, 7), 3), ((300,), (37,), 1), ((6, 5, 7, 4), (2, 3, 3, 2), 4),
+    ((40, 0, 9), (20, 3, 4), 1), ((1, 1), (1, 1), 1)])
+@pytest.mark.parametrize("dtype", ["int32", "int64", "uint16", "bool", "float64"])
+@pytest.mark.parametrize("merge", ["device", "host"])
+@pytest.mark.parametrize("split", [False, True])
+def test_one_task_numbers_like_scipy(shape, chunks, connectivity, dtype, merge, split,
+                                     monkeypatch):
+    """The one task of CuPy blocks (_label_blocks): batches are written through one table each
+    (relabel_batch; in place for the forest's own dtype), other blocks relabelled alone; with
+    the merge on the host (as for blocks on several devices) every block's local labels are
+    written first. Each way, SciPy's labels and count, in C-ordered blocks of the chunks."""
+    cp = pytest.importorskip("cupy")
+    x = np.random.default_rng(27).random(shape) < 0.5
+    s = ndi.generate_binary_structure(len(shape), connectivity)
+    want, n = ndi.label(x, s)
+    want = want.astype(dtype)
+    dx = da.from_array(cp.asarray(x), chunks=chunks, asarray=False)
+    blocks = [dx.blocks[i].compute() for i in np.ndindex(*dx.numblocks)]
+    if merge == "host":
+        monkeypatch.setattr(K, "_on_one_device", lambda summaries: False)
+    if split:
+        monkeypatch.setattr(K, "_BATCH_PIXELS", 2 * math.prod(chunks))
+    plan = K._MergePlan(x.shape, dx.chunks, s, np.dtype(dtype))
+    labelled = K._label_blocks(plan, K._LocalLabels(s, True), np.dtype(dtype), blocks)
+    assert isinstance(labelled[1], K._DeviceNumbering) == (merge == "device")
+    got = [K._pick(labelled, b) for b in range(len(blocks))]
+    assert int(K._count_labelled(labelled, got)) == n
+    out = np.zeros(shape, dtype=dtype)
+    for b, where in enumerate(da.core.slices_from_chunks(dx.chunks)):
+        assert cuda.is_cupy_array(got[b]) and got[b].dtype == dtype
+        assert got[b].shape == blocks[b].shape and got[b].flags.c_contiguous
+        out[where] = got[b].get()
+    np.testing.assert_array_equal(out, want)
 
 
 @pytest.mark.gpu
@@ -752,7 +804,7 @@ def test_a_batch_leaves_out_blocks_it_cannot_take():
     blocks += [cp.zeros((0, 30), bool), cp.asarray(rng.random((20, 30)) < 0.5, dtype=cp.float16),
                rng.random((20, 30)) < 0.5, cp.asarray(rng.random((30, 20)) < 0.5).T]
     local = K._LocalLabels(s, True)
-    for (labels, summary), block in zip(local.many(blocks), blocks):
+    for (labels, summary), block in zip(many_with_local_labels(local, blocks), blocks):
         want_labels, want_summary = local(block)
         assert type(labels) is type(want_labels)
         np.testing.assert_array_equal(cp.asnumpy(labels), cp.asnumpy(want_labels))
