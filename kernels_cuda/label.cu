@@ -245,6 +245,64 @@ __device__ __forceinline__ void label_tile_pixels(const I n0, const I n1, const 
 }
 
 // -- 2. across tiles and planes --------------------------------------------------------------
+// label_merge_pixel joins one pixel to its neighbours that label_tiles could not reach: across
+// the tile's top (top), left (left) and right (right) borders, and in other planes (cross).
+// label_merge visits every pixel (the structure joins across planes); label_merge_borders, for
+// structures within the plane, only the pixels on a tile's top row and side columns, each once
+// with the same flags: a sixteenth of the threads.
+
+template <typename I>
+__device__ __forceinline__ void label_merge_pixel(I* parent, const I n0, const I n1, const I n2,
+                                                  const I n3, const I i0, const I i1,
+                                                  const I row, const I col, const bool top,
+                                                  const bool left, const bool right,
+                                                  const unsigned in_plane,
+                                                  const unsigned long long cross)
+{
+    const I p = ((i0 * n1 + i1) * n2 + row) * n3 + col;
+    if (parent[p] < 0) {
+        return;
+    }
+    if (top && row > 0 && label_joins_runs(in_plane)) {
+        // a tile's top row against the row above, as label_tiles joins rows (the runs now
+        // reach across tiles: the left pixel may be the last of the tile to the left,
+        // whose own top row does the same)
+        const unsigned touching = (col > 0 && parent[p - n3 - 1] >= 0 ? 1u : 0u) |
+                                  (parent[p - n3] >= 0 ? 2u : 0u) |
+                                  (col + 1 < n3 && parent[p - n3 + 1] >= 0 ? 4u : 0u);
+        label_unite_above(parent, p, n3,
+                          label_joins_above(in_plane, touching,
+                                            col > 0 && parent[p - 1] >= 0,
+                                            col + 1 < n3 && parent[p + 1] >= 0));
+    } else if (row > 0) {
+        // every foreground neighbour above that label_tiles could not reach
+        label_unite_above(parent, p, n3,
+                          ((in_plane & 1u) && (top || left) && col > 0 &&
+                           parent[p - n3 - 1] >= 0 ? 1u : 0u) |
+                          ((in_plane & 2u) && top && parent[p - n3] >= 0 ? 2u : 0u) |
+                          ((in_plane & 4u) && (top || right) && col + 1 < n3 &&
+                           parent[p - n3 + 1] >= 0 ? 4u : 0u));
+    }
+    if ((in_plane & 8u) && left && col > 0 && parent[p - 1] >= 0) {
+        label_unite(parent, p, p - 1);
+    }
+    for (unsigned long long bits = cross; bits; bits &= bits - 1ull) {
+        const int k = __ffsll((long long)bits) - 1;
+        const I d0 = k / 27 - 1;
+        const I d1 = (k / 9) % 3 - 1;
+        const I d2 = (k / 3) % 3 - 1;
+        const I d3 = k % 3 - 1;
+        const I j0 = i0 + d0, j1 = i1 + d1, j2 = row + d2, j3 = col + d3;
+        if (j0 < 0 || j0 >= n0 || j1 < 0 || j1 >= n1 || j2 < 0 || j2 >= n2 || j3 < 0 ||
+            j3 >= n3) {
+            continue;
+        }
+        const I q = ((j0 * n1 + j1) * n2 + j2) * n3 + j3;
+        if (parent[q] >= 0) {
+            label_unite(parent, p, q);
+        }
+    }
+}
 
 template <typename I>
 __global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const I n3,
@@ -261,55 +319,46 @@ __global__ void label_merge(I* parent, const I n0, const I n1, const I n2, const
         if (!cross && !top && !left && !right) {
             return;
         }
-        const I p = ((i0 * n1 + i1) * n2 + row) * n3 + col;
-        if (parent[p] < 0) {
-            return;
-        }
-        if (top && row > 0 && label_joins_runs(in_plane)) {
-            // a tile's top row against the row above, as label_tiles joins rows (the runs now
-            // reach across tiles: the left pixel may be the last of the tile to the left,
-            // whose own top row does the same)
-            const unsigned touching = (col > 0 && parent[p - n3 - 1] >= 0 ? 1u : 0u) |
-                                      (parent[p - n3] >= 0 ? 2u : 0u) |
-                                      (col + 1 < n3 && parent[p - n3 + 1] >= 0 ? 4u : 0u);
-            label_unite_above(parent, p, n3,
-                              label_joins_above(in_plane, touching,
-                                                col > 0 && parent[p - 1] >= 0,
-                                                col + 1 < n3 && parent[p + 1] >= 0));
-        } else if (row > 0) {
-            // every foreground neighbour above that label_tiles could not reach
-            label_unite_above(parent, p, n3,
-                              ((in_plane & 1u) && (top || left) && col > 0 &&
-                               parent[p - n3 - 1] >= 0 ? 1u : 0u) |
-                              ((in_plane & 2u) && top && parent[p - n3] >= 0 ? 2u : 0u) |
-                              ((in_plane & 4u) && (top || right) && col + 1 < n3 &&
-                               parent[p - n3 + 1] >= 0 ? 4u : 0u));
-        }
-        if ((in_plane & 8u) && left && col > 0 && parent[p - 1] >= 0) {
-            label_unite(parent, p, p - 1);
-        }
-        for (unsigned long long bits = cross; bits; bits &= bits - 1ull) {
-            const int k = __ffsll((long long)bits) - 1;
-            const I d0 = k / 27 - 1;
-            const I d1 = (k / 9) % 3 - 1;
-            const I d2 = (k / 3) % 3 - 1;
-            const I d3 = k % 3 - 1;
-            const I j0 = i0 + d0, j1 = i1 + d1, j2 = row + d2, j3 = col + d3;
-            if (j0 < 0 || j0 >= n0 || j1 < 0 || j1 >= n1 || j2 < 0 || j2 >= n2 || j3 < 0 ||
-                j3 >= n3) {
-                continue;
-            }
-            const I q = ((j0 * n1 + j1) * n2 + j2) * n3 + j3;
-            if (parent[q] >= 0) {
-                label_unite(parent, p, q);
-            }
-        }
+        label_merge_pixel(parent, n0, n1, n2, n3, i0, i1, row, col, top, left, right, in_plane,
+                          cross);
     });
+}
+
+// Blocks of LABEL_TILE_X x 2 threads on label_tiles' grid: row 0 of the threads takes the tile's
+// top row, row 1 its left and right columns below the top row (thread x: tile row x).
+template <typename I>
+__global__ void label_merge_borders(I* parent, const I n0, const I n1, const I n2, const I n3,
+                                    const unsigned long long structure)
+{
+    const unsigned in_plane = (unsigned)(structure >> LABEL_PLANE_SHIFT) & 0xFu;
+    const int tx = threadIdx.x;
+    const I col0 = (I)blockIdx.x * LABEL_TILE_X;
+    const I tiles_y = (n2 + LABEL_TILE_Y - 1) / LABEL_TILE_Y;
+    for (I z = blockIdx.z; z < n0 * n1; z += gridDim.z) {
+        const I i0 = z / n1;
+        const I i1 = z - i0 * n1;
+        for (I by = blockIdx.y; by < tiles_y; by += gridDim.y) {
+            const I row0 = by * LABEL_TILE_Y;
+            if (threadIdx.y == 0) {
+                if (col0 + tx < n3) {
+                    label_merge_pixel(parent, n0, n1, n2, n3, i0, i1, row0, col0 + tx, true,
+                                      tx == 0, tx == LABEL_TILE_X - 1, in_plane, 0ull);
+                }
+            } else if (tx > 0 && row0 + tx < n2) {
+                label_merge_pixel(parent, n0, n1, n2, n3, i0, i1, row0 + tx, col0, false, true,
+                                  false, in_plane, 0ull);
+                if (col0 + LABEL_TILE_X - 1 < n3) {
+                    label_merge_pixel(parent, n0, n1, n2, n3, i0, i1, row0 + tx,
+                                      col0 + LABEL_TILE_X - 1, false, false, true, in_plane, 0ull);
+                }
+            }
+        }
+    }
 }
 
 // -- 3. scans -----------------------------------------------------------------------------------
 // An inclusive scan in two launches, its last pass left to the kernels that read it: label_scan
-// cuts the array into segments of seg elements (a whole number of tiles of LABEL_SCAN_THREADS),
+// cuts the array into segments of seg elements (a whole number of tiles of LABEL_SCAN_TILE),
 // one thread block each, replaces every element by the sum of its segment up to it and writes
 // each segment's total; label_scan_offsets (one block of 1024 threads) turns the totals into
 // their exclusive scan followed by the sum of all. The inclusive sum at i is then
@@ -354,7 +403,12 @@ __device__ __forceinline__ T label_block_scan(T v, T& carry, T* warp_sums)
 }
 
 // label_scan's first pass over this block's segment, of the values value(i) (called once per
-// element of the segment): out[i] is the segment's sum up to i, totals[block] its total.
+// element of the segment): out[i] is the segment's sum up to i, totals[block] its total. A
+// thread takes LABEL_SCAN_ITEMS consecutive elements a round (their values in flight together,
+// one block scan a round), so segments are whole numbers of LABEL_SCAN_TILE elements.
+#define LABEL_SCAN_ITEMS 4
+#define LABEL_SCAN_TILE (LABEL_SCAN_THREADS * LABEL_SCAN_ITEMS)
+
 template <typename T, typename Value>
 __device__ __forceinline__ void label_scan_segment(T* out, T* totals, const long long n,
                                                    const long long seg, Value value)
@@ -363,12 +417,29 @@ __device__ __forceinline__ void label_scan_segment(T* out, T* totals, const long
     const long long begin = (long long)blockIdx.x * seg;
     const long long end = min(n, begin + seg);
     T carry = 0;
-    for (long long base = begin; base < end; base += LABEL_SCAN_THREADS) {
-        const long long i = base + threadIdx.x;
-        const T v = label_block_scan<T, LABEL_SCAN_THREADS>(i < end ? value(i) : T(0), carry,
-                                                             warp_sums);
-        if (i < end) {
-            out[i] = v;
+    for (long long base = begin; base < end; base += LABEL_SCAN_TILE) {
+        const long long i = base + LABEL_SCAN_ITEMS * threadIdx.x;
+        T sums[LABEL_SCAN_ITEMS];
+        T sum = 0;
+#pragma unroll
+        for (int k = 0; k < LABEL_SCAN_ITEMS; ++k) {
+            sum += i + k < end ? value(i + k) : T(0);
+            sums[k] = sum;
+        }
+        const T before = label_block_scan<T, LABEL_SCAN_THREADS>(sum, carry, warp_sums) - sum;
+        if constexpr (sizeof(T) == 4) {
+            if (i + LABEL_SCAN_ITEMS <= end) {  // one vector: i is a multiple of 4
+                reinterpret_cast<int4*>(out)[i / 4] = make_int4(
+                    (int)(before + sums[0]), (int)(before + sums[1]), (int)(before + sums[2]),
+                    (int)(before + sums[3]));
+                continue;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < LABEL_SCAN_ITEMS; ++k) {
+            if (i + k < end) {
+                out[i + k] = before + sums[k];
+            }
         }
     }
     if (threadIdx.x == 0) {
@@ -647,20 +718,21 @@ __global__ void label_table(const I* __restrict__ ends, const long long lines,
 //                     the line's end, and the labels starting on it, scattered into the table
 //                     of (line of the array, chunk along the last axis) whose C order is
 //                     raster order; label_scan of that table
-//   label_face_keys   per face pixel: its node's rank, or LABEL_NONE for the background
-//   label_sort_*      a radix sort of the ranks: equal ranks (a node on several face pixels)
-//                     are neighbours, and the first of each run stands for the node
-//   label_face_init   every sorted position starts under the first of its run
+//   label_face_nodes  per face pixel: its node's rank, put in a hash table of the face nodes
+//                     (open addressing; a node on several face pixels takes one slot, which
+//                     starts as its own parent), and the slot of each face pixel
 //   label_face_unite  across every chunk boundary along one axis, the structure's pairs of face
-//                     pixels are joined (smaller sorted position, hence smaller rank, is root)
-//   label_face_roots  path compression; flags the nodes merged away (first of a run, not root)
-//   label_scan        of those flags
+//                     pixels are joined: a union-find over the slots whose links go from a root
+//                     of larger rank to one of smaller rank, so each root is its component's
+//                     node of smallest rank
+//   label_face_roots  path compression; sets the bit of each node merged away (not a root) in a
+//                     bitmap over all ranks
+//   label_scan_popc   the scan of the bitmap's words' bit counts
 //   label_renumber    a block's lookup table, local to global label, from all of the above
 //
 // A node of rank r that is kept gets label r + 1 - (nodes merged away of smaller rank); one
-// merged away gets its root's label.
-
-#define LABEL_NONE 0x7fffffffffffffffll
+// merged away gets its root's label. Nothing is sorted: the host never waits, and the work
+// grows with the face pixels (and, for the bitmap, with the nodes there can be, a bit each).
 
 // The rank of label l of a block whose slots are ends[s0 .. s0 + lines); the scan (raster,
 // offsets, seg) gives every slot's labels up to its end in raster order over all blocks.
@@ -694,124 +766,93 @@ __global__ void label_slots(const T* __restrict__ values, const long long* __res
     }
 }
 
+// The hash table of face nodes: keys (ranks, LABEL_EMPTY where free) and parent, mask + 1 slots
+// (a power of two, at least twice the face pixels), linear probing from a multiplicative hash.
+#define LABEL_EMPTY (-1ll)
+
+__device__ __forceinline__ long long label_slot_of(const long long r, const unsigned long long mask)
+{
+    unsigned long long h = (unsigned long long)r * 0x9E3779B97F4A7C15ull;
+    return (long long)((h ^ (h >> 29)) & mask);
+}
+
+// The slot of rank r, or -1 if no face pixel has it.
+__device__ __forceinline__ long long label_find_slot(const long long* __restrict__ keys,
+                                                     const unsigned long long mask,
+                                                     const long long r)
+{
+    for (long long slot = label_slot_of(r, mask);; slot = (slot + 1) & (long long)mask) {
+        const long long k = keys[slot];
+        if (k == r) {
+            return slot;
+        }
+        if (k == LABEL_EMPTY) {
+            return -1;
+        }
+    }
+}
+
 template <typename T>
-__global__ void label_face_keys(const T* __restrict__ values, const long long* __restrict__ face_at,
-                                const long long* __restrict__ face_block,
-                                const long long* __restrict__ first,
-                                const long long* __restrict__ ends,
-                                const long long* __restrict__ raster,
-                                const long long* __restrict__ raster_offsets,
-                                const long long raster_seg, const long long* __restrict__ segment,
-                                long long* __restrict__ keys, const long long faces)
+__global__ void label_face_nodes(const T* __restrict__ values,
+                                 const long long* __restrict__ face_at,
+                                 const long long* __restrict__ face_block,
+                                 const long long* __restrict__ first,
+                                 const long long* __restrict__ ends,
+                                 const long long* __restrict__ raster,
+                                 const long long* __restrict__ raster_offsets,
+                                 const long long raster_seg, const long long* __restrict__ segment,
+                                 long long* keys, long long* __restrict__ parent,
+                                 long long* __restrict__ at, const unsigned long long mask,
+                                 const long long faces)
 {
     const label_raster scan = {raster, raster_offsets, raster_seg, segment};
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long f = (long long)blockIdx.x * blockDim.x + threadIdx.x; f < faces; f += step) {
         const long long l = values[face_at[f]];
-        long long key = LABEL_NONE;
+        long long slot = -1;
         if (l != 0) {
             const long long b = face_block[f];
-            key = label_rank(ends, scan, first[b], first[b + 1] - first[b], l);
-        }
-        keys[f] = key;
-    }
-}
-
-// An LSD radix sort of the face keys, with their places, on the device (cupy.argsort would do it
-// in one call, but Thrust waits for the device at its end, and the host would wait there for
-// every chunk's labelling). A pass per 8 bits of the keys, as many as the largest rank needs
-// (LABEL_NONE's low bits are all set: it sorts last); each pass: label_sort_count counts, per
-// tile of LABEL_SORT_TILE keys, the keys of each digit, digit-major (counts[d * tiles + t]);
-// label_scan of the counts gives each (digit, tile) its first place; label_sort_scatter moves
-// each tile's keys there, keeping their order within a digit (stable, as LSD passes must be).
-
-#define LABEL_SORT_THREADS 256  // one per digit
-#define LABEL_SORT_ITEMS 4
-#define LABEL_SORT_TILE (LABEL_SORT_THREADS * LABEL_SORT_ITEMS)
-
-__device__ __forceinline__ int label_digit(const long long key, const int shift)
-{
-    return (int)((key >> shift) & (LABEL_SORT_THREADS - 1));
-}
-
-__global__ void __launch_bounds__(LABEL_SORT_THREADS)
-label_sort_count(const long long* __restrict__ keys, const long long n, const int shift,
-                 long long* __restrict__ counts)
-{
-    __shared__ int histogram[LABEL_SORT_THREADS];
-    histogram[threadIdx.x] = 0;
-    __syncthreads();
-    const long long tile = (long long)blockIdx.x * LABEL_SORT_TILE;
-#pragma unroll
-    for (int r = 0; r < LABEL_SORT_ITEMS; ++r) {
-        const long long i = tile + r * LABEL_SORT_THREADS + threadIdx.x;
-        if (i < n) {
-            atomicAdd(&histogram[label_digit(keys[i], shift)], 1);
-        }
-    }
-    __syncthreads();
-    counts[(long long)threadIdx.x * gridDim.x + blockIdx.x] = histogram[threadIdx.x];
-}
-
-// (counts, offsets, seg): the inclusive scan of label_sort_count's counts. A tile's keys go in
-// rounds of one per thread, in order: a key's place is its (digit, tile)'s first place, plus the
-// keys of its digit in earlier rounds, in earlier warps of its round, and on lower lanes of its
-// warp. first: the places are the keys' own positions (index is not read).
-__global__ void __launch_bounds__(LABEL_SORT_THREADS)
-label_sort_scatter(const long long* __restrict__ keys, const long long* __restrict__ index,
-                   const int first, const long long n, const int shift,
-                   const long long* __restrict__ counts, const long long* __restrict__ offsets,
-                   const long long seg, long long* __restrict__ keys_out,
-                   long long* __restrict__ index_out)
-{
-    constexpr int warps = LABEL_SORT_THREADS / 32;
-    __shared__ long long place[LABEL_SORT_THREADS];   // per digit, this tile's next place
-    __shared__ int in_warp[warps][LABEL_SORT_THREADS];  // per warp and digit, keys this round
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long at = (long long)threadIdx.x * gridDim.x + blockIdx.x;  // digit threadIdx.x
-    place[threadIdx.x] = at > 0 ? label_scanned(counts, offsets, seg, at - 1) : 0;
-    const long long tile = (long long)blockIdx.x * LABEL_SORT_TILE;
-    for (int r = 0; r < LABEL_SORT_ITEMS; ++r) {
-        const long long i = tile + r * LABEL_SORT_THREADS + threadIdx.x;
-        const bool valid = i < n;
-        const long long key = valid ? keys[i] : 0;
-        const int digit = valid ? label_digit(key, shift) : LABEL_SORT_THREADS;
-        for (int d = lane; d < LABEL_SORT_THREADS; d += 32) {
-            in_warp[warp][d] = 0;
-        }
-        __syncwarp();
-        const unsigned peers = __match_any_sync(0xffffffffu, digit);
-        if (valid && lane == __ffs(peers) - 1) {
-            in_warp[warp][digit] = __popc(peers);
-        }
-        __syncthreads();
-        if (valid) {
-            long long to = place[digit] + __popc(peers & ((1u << lane) - 1u));
-            for (int w = 0; w < warp; ++w) {
-                to += in_warp[w][digit];
+            const long long r = label_rank(ends, scan, first[b], first[b + 1] - first[b], l);
+            for (slot = label_slot_of(r, mask);; slot = (slot + 1) & (long long)mask) {
+                const long long old = (long long)atomicCAS(
+                    reinterpret_cast<unsigned long long*>(keys) + slot,
+                    (unsigned long long)LABEL_EMPTY, (unsigned long long)r);
+                if (old == LABEL_EMPTY) {
+                    parent[slot] = slot;  // the node's first face pixel
+                    break;
+                }
+                if (old == r) {
+                    break;
+                }
             }
-            keys_out[to] = key;
-            index_out[to] = first ? i : index[i];
         }
-        __syncthreads();
-        int round = 0;
-#pragma unroll
-        for (int w = 0; w < warps; ++w) {
-            round += in_warp[w][threadIdx.x];
-        }
-        place[threadIdx.x] += round;
-        __syncthreads();
+        at[f] = slot;
     }
 }
 
-__global__ void label_face_init(const long long* __restrict__ order,
-                                const long long* __restrict__ sorted, long long* __restrict__ at,
-                                long long* __restrict__ parent, const long long faces)
+// Join the trees of slots a and b: the root of larger rank (keys) is linked under the other.
+// A link is made only on a root that is still one (compare-and-swap), else it is tried again
+// from the new roots; every link goes to a smaller rank, so the roots keep the smallest.
+__device__ __forceinline__ void label_unite_ranked(long long* parent,
+                                                   const long long* __restrict__ keys,
+                                                   long long a, long long b)
 {
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < faces; i += step) {
-        at[order[i]] = i;
-        parent[i] = label_lower_bound(sorted, faces, sorted[i]);
+    const volatile long long* vparent = parent;
+    while (true) {
+        a = label_find(vparent, a);
+        b = label_find(vparent, b);
+        if (a == b) {
+            return;
+        }
+        if (keys[a] < keys[b]) {
+            const long long t = a;
+            a = b;
+            b = t;
+        }
+        if ((long long)atomicCAS(reinterpret_cast<unsigned long long*>(parent) + a,
+                                 (unsigned long long)a, (unsigned long long)b) == a) {
+            return;
+        }
     }
 }
 
@@ -830,8 +871,8 @@ __global__ void label_face_unite(const long long* __restrict__ low,
     const long long total = n0 * n1 * n2 * n3;
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total; e += step) {
-        const long long a = low[e];
-        if (keys[a] == LABEL_NONE) {
+        const long long a = at[low[e]];
+        if (a < 0) {
             continue;
         }
         const long long c3 = e % n3;
@@ -844,67 +885,105 @@ __global__ void label_face_unite(const long long* __restrict__ low,
             if (j1 < 0 || j1 >= n1 || j2 < 0 || j2 >= n2 || j3 < 0 || j3 >= n3) {
                 continue;
             }
-            const long long b = high[((c0 * n1 + j1) * n2 + j2) * n3 + j3];
-            if (keys[b] != LABEL_NONE) {
-                label_unite(parent, at[a], at[b]);
+            const long long b = at[high[((c0 * n1 + j1) * n2 + j2) * n3 + j3]];
+            if (b >= 0) {
+                label_unite_ranked(parent, keys, a, b);
             }
         }
     }
 }
 
-__global__ void label_face_roots(long long* parent, const long long* __restrict__ sorted,
-                                 long long* __restrict__ away, const long long faces)
+// Per slot of a node: its root, and its rank's bit in merged (a bitmap over the ranks, zeroed)
+// when it is not a root.
+__global__ void label_face_roots(long long* parent, const long long* __restrict__ keys,
+                                 unsigned int* __restrict__ merged, const long long slots)
 {
     const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < faces; i += step) {
-        const long long r = label_find((const volatile long long*)parent, i);
-        parent[i] = r;
-        away[i] = r != i && (i == 0 || sorted[i] != sorted[i - 1]);
+    for (long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x; s < slots; s += step) {
+        const long long r = keys[s];
+        if (r == LABEL_EMPTY) {
+            continue;
+        }
+        const long long root = label_find((const volatile long long*)parent, s);
+        parent[s] = root;
+        if (root != s) {
+            atomicOr(merged + (r >> 5), 1u << (r & 31));
+        }
     }
 }
+
+// label_scan's first pass over the bit counts of the bitmap's words.
+template <typename T>
+__global__ void label_scan_popc(const unsigned int* __restrict__ merged, T* values,
+                                T* __restrict__ totals, const long long n, const long long seg)
+{
+    label_scan_segment<T>(values, totals, n, seg, [merged](long long i) {
+        return T(__popc(merged[i]));
+    });
+}
+
+// The nodes merged away of rank below r: the scan (away, offsets, seg) of the bitmap's words'
+// counts up to r's word, and the bits below r's in it.
+__device__ __forceinline__ long long label_away_below(const long long r,
+                                                      const unsigned int* __restrict__ merged,
+                                                      const long long* __restrict__ away,
+                                                      const long long* __restrict__ away_offsets,
+                                                      const long long away_seg)
+{
+    const long long w = r >> 5;
+    return (w > 0 ? label_scanned(away, away_offsets, away_seg, w - 1) : 0) +
+           __popc(merged[w] & ((1u << (r & 31)) - 1u));
+}
+
+// What the renumbering reads of the merge: the hash table of face nodes (keys, parent, mask),
+// the bitmap of nodes merged away and the scan of its counts (away, away_offsets, away_seg).
+struct label_merged {
+    const long long* keys;
+    const long long* parent;
+    unsigned long long mask;
+    const unsigned int* bits;
+    const long long* away;
+    const long long* away_offsets;
+    long long away_seg;
+};
 
 // The global label of local label l > 0 of a block whose slots are ends[s0 .. s0 + lines).
 __device__ __forceinline__ long long label_global(const long long* ends, const label_raster scan,
                                                   const long long s0, const long long lines,
-                                                  const long long l,
-                                                  const long long* __restrict__ sorted,
-                                                  const long long* __restrict__ root,
-                                                  const long long* __restrict__ away,
-                                                  const long long* __restrict__ away_offsets,
-                                                  const long long away_seg,
-                                                  const long long faces)
+                                                  const long long l, const label_merged m)
 {
     long long r = label_rank(ends, scan, s0, lines, l);
-    long long j = label_lower_bound(sorted, faces, r);
-    if (j < faces && sorted[j] == r) {  // a node on a face: its component's first
-        j = root[j];
-        r = sorted[j];
+    const long long slot = label_find_slot(m.keys, m.mask, r);
+    if (slot >= 0) {  // a node on a face: its component's first
+        r = m.keys[m.parent[slot]];
     }
-    return r + 1 - (j > 0 ? label_scanned(away, away_offsets, away_seg, j - 1) : 0);
+    return r + 1 - label_away_below(r, m.bits, m.away, m.away_offsets, m.away_seg);
 }
 
 // table[l] for the local labels l = 0..min(k, bound) of one block, k its number of labels
-// (read here: the host does not wait for it) and bound the table's last index. (away,
-// away_offsets, away_seg) is the scan of the flags of label_face_roots.
+// (read here: the host does not wait for it) and bound the table's last index; the merge's
+// results as label_merged holds them.
 template <typename O>
 __global__ void label_renumber(const long long* __restrict__ ends,
                                const long long* __restrict__ raster,
                                const long long* __restrict__ raster_offsets,
                                const long long raster_seg, const long long* __restrict__ segment,
                                const long long s0, const long long lines,
-                               const long long* __restrict__ sorted,
-                               const long long* __restrict__ root,
+                               const long long* __restrict__ keys,
+                               const long long* __restrict__ parent,
+                               const unsigned long long mask,
+                               const unsigned int* __restrict__ bits,
                                const long long* __restrict__ away,
                                const long long* __restrict__ away_offsets,
-                               const long long away_seg, const long long faces,
-                               O* __restrict__ table, const long long bound)
+                               const long long away_seg, O* __restrict__ table,
+                               const long long bound)
 {
     const label_raster scan = {raster, raster_offsets, raster_seg, segment};
+    const label_merged m = {keys, parent, mask, bits, away, away_offsets, away_seg};
     const long long k = lines > 0 ? min(ends[s0 + lines - 1], bound) : 0;
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long l = (long long)blockIdx.x * blockDim.x + threadIdx.x; l <= k; l += step) {
-        table[l] = O(l > 0 ? label_global(ends, scan, s0, lines, l, sorted, root, away,
-                                          away_offsets, away_seg, faces) : 0);
+        table[l] = O(l > 0 ? label_global(ends, scan, s0, lines, l, m) : 0);
     }
 }
 
@@ -925,14 +1004,17 @@ __global__ void label_renumber_batch(const long long* __restrict__ ends,
                                      const long long* __restrict__ first, const label_blocks b,
                                      const I* __restrict__ counts, const I* __restrict__ offsets,
                                      const long long seg, const long long total,
-                                     const long long* __restrict__ sorted,
-                                     const long long* __restrict__ root,
+                                     const long long* __restrict__ keys,
+                                     const long long* __restrict__ parent,
+                                     const unsigned long long mask,
+                                     const unsigned int* __restrict__ bits,
                                      const long long* __restrict__ away,
                                      const long long* __restrict__ away_offsets,
-                                     const long long away_seg, const long long faces,
-                                     O* __restrict__ table, const long long bound)
+                                     const long long away_seg, O* __restrict__ table,
+                                     const long long bound)
 {
     const label_raster scan = {raster, raster_offsets, raster_seg, segment};
+    const label_merged m = {keys, parent, mask, bits, away, away_offsets, away_seg};
     const long long chunk = blockIdx.y;
     const long long s0 = first[b.p[chunk]], lines = first[b.p[chunk] + 1] - s0;
     const long long before = chunk ? (long long)label_scanned(counts, offsets, seg,
@@ -940,8 +1022,7 @@ __global__ void label_renumber_batch(const long long* __restrict__ ends,
     const long long k = lines > 0 ? min(ends[s0 + lines - 1], bound) : 0;
     const long long step = (long long)gridDim.x * blockDim.x;
     for (long long l = (long long)blockIdx.x * blockDim.x + threadIdx.x + 1; l <= k; l += step) {
-        table[before + l] = O(label_global(ends, scan, s0, lines, l, sorted, root, away,
-                                           away_offsets, away_seg, faces));
+        table[before + l] = O(label_global(ends, scan, s0, lines, l, m));
     }
 }
 

@@ -57,6 +57,7 @@ _THREADS = 256
 _MAX_GRID = 65535
 _MAX_FLAT_BLOCKS = 1 << 20
 _PLANE_BITS = 40       # the backward half of a 3**4 element; bit 40 is its centre
+_CROSS_MASK = (1 << 36) - 1  # LABEL_CROSS_MASK in label.cu: the offsets into other planes
 
 
 class LabelError(ValueError, RuntimeError):
@@ -242,6 +243,7 @@ class _Scan:
 
 
 _SCAN_THREADS = 256    # LABEL_SCAN_THREADS in label.cu
+_SCAN_TILE = 1024      # LABEL_SCAN_TILE: a segment is a whole number of them
 _SCAN_SEGMENTS = 4096  # thread blocks of label_scan at most
 #: Elements a segment gets at least (up to the cap on segments). Measured on an H100 for 16
 #: chunks of 2048x2048: 1024 segments of 4096 pixels flatten and scan 9% faster than 4096 of
@@ -257,7 +259,7 @@ class _ScanPlan:
 
     def __init__(self, n, dtype):
         segments = max(1, min(_SCAN_SEGMENTS, -(-n // _SCAN_PER_SEGMENT)))
-        seg = max(1, -(-n // (segments * _SCAN_THREADS))) * _SCAN_THREADS
+        seg = max(1, -(-n // (segments * _SCAN_TILE))) * _SCAN_TILE
         self.segments = max(1, -(-n // seg))
         self.seg = np.int64(seg)
         self.grid = (self.segments,)
@@ -281,8 +283,8 @@ class _ForestPlan:
     the compiled kernels, their grids and their scalar arguments. Dask's blocks mostly share a
     few layouts, so a block costs its allocations and its launches."""
 
-    __slots__ = ("index", "ctype", "dims", "grid", "tiles", "tiles_args", "merge", "merge_args",
-                 "flatten", "shape", "size", "batch", "first_axis", "summary_size", "_writes",
+    __slots__ = ("index", "ctype", "dims", "grid", "tiles", "tiles_args", "merge", "merge_block",
+                 "merge_args", "flatten", "shape", "size", "batch", "first_axis", "summary_size", "_writes",
                  "_write_summary", "_summary")
 
     def __init__(self, x, structure, index64, batch=0):
@@ -298,7 +300,12 @@ class _ForestPlan:
         mask = np.uint64(structure_mask(structure, x.shape))
         self.tiles = cuda.function("label", f"label_tiles<{cuda.cuda_type(x.dtype)}, {self.ctype}>")
         self.tiles_args = (*self.dims, *(self.index(s) for s in strides4), mask)
-        self.merge = cuda.function("label", f"label_merge<{self.ctype}>")
+        if int(mask) & _CROSS_MASK:  # joins across planes: every pixel looks
+            self.merge = cuda.function("label", f"label_merge<{self.ctype}>")
+            self.merge_block = _BLOCK
+        else:  # within planes: only the tiles' borders
+            self.merge = cuda.function("label", f"label_merge_borders<{self.ctype}>")
+            self.merge_block = (_TILE, 2)
         self.merge_args = (*self.dims, mask)
         self.flatten = cuda.function("label", f"label_flatten<{self.ctype}>")
         self.shape = x.shape
@@ -380,7 +387,7 @@ class _Forest:
         self.index = plan.index
         self.parent = cp.empty(plan.size * len(blocks), dtype=plan.index)
         plan.tiles(plan.grid, _BLOCK, (_sources(blocks), plan.batch, self.parent, *plan.tiles_args))
-        plan.merge(plan.grid, _BLOCK, (self.parent, *plan.merge_args))
+        plan.merge(plan.grid, plan.merge_block, (self.parent, *plan.merge_args))
         self.rank = _Scan(cp.empty(self.parent.size, dtype=plan.index), plan.flatten,
                           (self.parent,))
 
@@ -674,6 +681,7 @@ class _Layout:
         self.chunks = tuple(tuple(c) for c in chunks)
         self._planes = None
         self._device = {}
+        self._most = {}
 
     @property
     def faces(self):
@@ -684,6 +692,17 @@ class _Layout:
         if self._planes is None:
             self._planes = _face_planes(self)
         return self._planes
+
+    def most_nodes(self, structure) -> int:
+        """The most labels the blocks can have together (:func:`most_labels` of each): a bound
+        on the nodes' ranks."""
+        key = (structure.tobytes(), structure.shape)
+        most = self._most.get(key)
+        if most is None:
+            most = self._most[key] = sum(
+                most_labels(structure, tuple(c[i] for c, i in zip(self.chunks, index)))
+                for index in itertools.product(*(range(g) for g in self.grid)))
+        return most
 
     def on_device(self):
         """The arrays :func:`merge_device` reads, on the current device (uploaded once)."""
@@ -914,10 +933,11 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     nothing waits for the device (unless the output dtype may be too small for the labels).
 
     The numbering is the same, reached another way (see section 8 of ``label.cu``): each node's
-    rank comes from a scan of the per-line counts in raster order; the nodes on chunk faces are
-    sorted by rank, so that the first face pixel of each node's run stands for it, and joined
-    across the faces by a union-find whose roots are the smallest ranks; a scan of the nodes
-    merged away then gives every label. The work grows with the lines and the face pixels.
+    rank comes from a scan of the per-line counts in raster order; the nodes on chunk faces go
+    into a hash table keyed by rank (a node on several face pixels takes one slot) and are
+    joined across the faces by a union-find whose roots are the smallest ranks; the nodes merged
+    away set their bits in a bitmap over the ranks, whose scan then gives every label. The work
+    grows with the lines and the face pixels, and the bitmap with the labels there can be.
     """
     cp = cuda.cupy()
     layout = _layout(plan.shape, plan.chunks)
@@ -933,32 +953,35 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
                                              device["segment"], ends, raster, np.int64(slots)))
     raster = _Scan(raster)  # per slot of the table, the labels up to its end
     faces = len(device["face_at"])
-    keys, root, away = (cp.empty(faces, dtype=np.int64) for _ in range(3))
-    sorted_keys = keys
+    table = 1 << max(1, 2 * faces - 1).bit_length()  # slots: a power of two, twice the faces
+    keys = cp.empty(table, dtype=np.int64)
+    keys.data.memset_async(0xFF, keys.nbytes)  # LABEL_EMPTY
+    parent = cp.empty(table, dtype=np.int64)
+    words = -(-layout.most_nodes(plan.structure) // 32) + 1
+    bits = cp.zeros(words, dtype=np.uint32)
+    mask = np.uint64(table - 1)
     if faces:
-        cuda.function("label", f"label_face_keys<{ctype}>")(
+        at = cp.empty(faces, dtype=np.int64)
+        cuda.function("label", f"label_face_nodes<{ctype}>")(
             _flat_grid(faces), (_THREADS,),
             (values, device["face_at"], device["face_block"], device["first"], ends,
-             *raster.args, device["segment"], keys, np.int64(faces)))
-        order, sorted_keys = _sort_device(keys, math.prod(plan.shape))
-        at = cp.empty(faces, dtype=np.int64)
-        cuda.function("label", "label_face_init")(
-            _flat_grid(faces), (_THREADS,), (order, sorted_keys, at, root, np.int64(faces)))
-        for planes, mask in zip(device["planes"], _unite_masks(plan.structure)):
-            if planes is None or not mask or not planes[0].size:
+             *raster.args, device["segment"], keys, parent, at, mask, np.int64(faces)))
+        for planes, offsets in zip(device["planes"], _unite_masks(plan.structure)):
+            if planes is None or not offsets or not planes[0].size:
                 continue
             low, high = planes
             dims = (low.shape[0],) + (1,) * (MAX_NDIM - low.ndim) + low.shape[1:]
             cuda.function("label", "label_face_unite")(
                 _flat_grid(low.size), (_THREADS,),
-                (low, high, keys, at, root, *(np.int64(n) for n in dims), mask))
+                (low, high, keys, at, parent, *(np.int64(n) for n in dims), offsets))
         cuda.function("label", "label_face_roots")(
-            _flat_grid(faces), (_THREADS,), (root, sorted_keys, away, np.int64(faces)))
-    away = _Scan(away)
+            _flat_grid(table), (_THREADS,), (parent, keys, bits, np.int64(table)))
+    away = _Scan(cp.empty(words, dtype=np.int64),
+                 cuda.function("label", "label_scan_popc<long long>"), (bits,))
     total = raster.total - away.total
     if not holds(plan.dtype, math.prod(plan.shape)):
         check_bit_depth(int(total), plan.dtype)
-    return _DeviceNumbering(plan, ends, raster, sorted_keys, root, away, total)
+    return _DeviceNumbering(plan, ends, raster, keys, parent, mask, bits, away, total)
 
 
 def _joined(parts):
@@ -973,33 +996,6 @@ def _joined(parts):
             return cp.concatenate([p.ravel() for p in parts])
         at += part.nbytes
     return cp.ndarray((sum(p.size for p in parts),), dtype=first.dtype, memptr=first.data)
-
-
-_SORT_THREADS = 256                # LABEL_SORT_THREADS in label.cu: one per digit of 8 bits
-_SORT_TILE = _SORT_THREADS * 4     # LABEL_SORT_TILE
-
-
-def _sort_device(keys, largest: int) -> tuple:
-    """``(cupy.argsort(keys), keys sorted)`` for int64 device ``keys`` that are ranks up to
-    ``largest`` or LABEL_NONE (sorted last), without the host waiting for the device: an LSD
-    radix sort, a pass per 8 bits up to ``largest``'s (``label_sort_*`` in label.cu), whose
-    passes each take a count, a scan and a scatter. Equal keys stay in their order."""
-    cp = cuda.cupy()
-    n = keys.size
-    tiles = -(-n // _SORT_TILE)
-    count = cuda.function("label", "label_sort_count")
-    scatter = cuda.function("label", "label_sort_scatter")
-    counts = cp.empty(_SORT_THREADS * tiles, dtype=np.int64)
-    buffers = [(cp.empty(n, dtype=np.int64), cp.empty(n, dtype=np.int64)) for _ in range(2)]
-    index = keys  # not read by the first pass
-    for p, shift in enumerate(range(0, (largest + 1).bit_length(), 8)):
-        count((tiles,), (_SORT_THREADS,), (keys, np.int64(n), np.int32(shift), counts))
-        scan = _Scan(counts)
-        keys_out, index_out = buffers[p % 2]
-        scatter((tiles,), (_SORT_THREADS,), (keys, index, np.int32(p == 0), np.int64(n),
-                                             np.int32(shift), *scan.args, keys_out, index_out))
-        keys, index = keys_out, index_out
-    return index, keys
 
 
 def most_labels(structure, shape) -> int:
@@ -1036,18 +1032,26 @@ def _plane_offsets(crossing) -> int:
 class _DeviceNumbering:
     """What :func:`merge_device` leaves on the device for the relabel tasks: per slot the labels
     up to its line's end (``ends``) and the scan, in raster order, of the labels starting on
-    each slot (``raster``); the face nodes' ranks sorted, their roots and the scan of the flags
-    of those merged away (``away``); and the number of labels (a 0-d device array)."""
+    each slot (``raster``); the hash table of face nodes (``keys``, their ranks, and ``parent``,
+    their roots; ``mask`` + 1 slots), the bitmap of the nodes merged away and the scan of its
+    words' counts (``away``); and the number of labels (a 0-d device array)."""
 
-    def __init__(self, plan, ends, raster, sorted_keys, root, away, total):
+    def __init__(self, plan, ends, raster, keys, parent, mask, bits, away, total):
         self.shape, self.chunks = plan.shape, plan.chunks
         self.arrays = {"ends": ends, "raster": raster.values, "raster_offsets": raster.offsets,
-                       "sorted": sorted_keys, "root": root, "away": away.values,
+                       "keys": keys, "parent": parent, "bits": bits, "away": away.values,
                        "away_offsets": away.offsets}
         self.segs = (np.int64(raster.seg), np.int64(away.seg))
+        self.mask = mask
         self.total = total
         self.structure = plan.structure
         self._copies = {}
+
+    def merged(self, a) -> tuple:
+        """The renumbering kernels' arguments for the merge (label_merged in label.cu), from
+        the arrays ``a`` (:meth:`_here`)."""
+        return (a["keys"], a["parent"], self.mask, a["bits"], a["away"], a["away_offsets"],
+                self.segs[1])
 
     def _here(self) -> dict:
         """The arrays on the current device: copied there (once) if they are elsewhere."""
@@ -1071,8 +1075,7 @@ class _DeviceNumbering:
         table = cp.empty(plan.table_size, dtype=dtype)
         plan.renumber(plan.renumber_grid, (_THREADS,),
                       (a["ends"], a["raster"], a["raster_offsets"], self.segs[0], plan.segment,
-                       plan.s0, plan.lines, a["sorted"], a["root"], a["away"], a["away_offsets"],
-                       self.segs[1], np.int64(len(a["sorted"])), table, plan.bound))
+                       plan.s0, plan.lines, *self.merged(a), table, plan.bound))
         out = cp.empty(labels.shape, dtype=dtype)
         if labels.size:
             plan.lookup(plan.lookup_grid, (_THREADS,), (labels, table, out, plan.size))
@@ -1096,8 +1099,7 @@ class _DeviceNumbering:
         launch.renumber(launch.renumber_grid, (_THREADS,),
                         (a["ends"], a["raster"], a["raster_offsets"], self.segs[0], launch.segment,
                          launch.first, launch.blocks, *forest.rank.args, np.int64(plan.size),
-                         a["sorted"], a["root"], a["away"], a["away_offsets"], self.segs[1],
-                         np.int64(len(a["sorted"])), table, launch.bound))
+                         *self.merged(a), table, launch.bound))
         n = forest.parent.size
         out = forest.parent if forest.parent.dtype == dtype else cp.empty(n, dtype=dtype)
         launch.write(_flat_grid(-(-n // 4)), (_THREADS,), (forest.parent, *forest.rank.args,
@@ -1372,6 +1374,8 @@ SPEC = KernelSpec(
         "label_tiles<double, int>",
         "label_merge<int>",
         "label_merge<long long>",
+        "label_merge_borders<int>",
+        "label_merge_borders<long long>",
         "label_flatten<int>",
         "label_flatten<long long>",
         "label_scan<int>",
@@ -1390,12 +1394,10 @@ SPEC = KernelSpec(
         "label_table<long long, long long>",
         "label_slots<int>",
         "label_slots<long long>",
-        "label_face_keys<int>",
-        "label_face_keys<long long>",
-        "label_sort_count",
-        "label_sort_scatter",
-        "label_face_init",
+        "label_face_nodes<int>",
+        "label_face_nodes<long long>",
         "label_face_unite",
+        "label_scan_popc<long long>",
         "label_face_roots",
         "label_renumber<int>",
         "label_renumber<bool>",

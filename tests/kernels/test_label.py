@@ -760,22 +760,6 @@ def test_one_task_numbers_like_scipy(shape, chunks, connectivity, dtype, merge, 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("n, largest", [(1, 1), (5, 3), (1023, 255), (1024, 256), (1025, 70000),
-                                        (131072, 8192 * 8192), (300_001, 1 << 40)])
-def test_device_sort_is_numpys_stable_argsort(n, largest):
-    """The merge's radix sort of face ranks (no wait for the device): the order of NumPy's
-    stable argsort, with LABEL_NONE (the background) last."""
-    cp = pytest.importorskip("cupy")
-    rng = np.random.default_rng(n)
-    keys = rng.integers(0, min(largest, 3 * n) + 1, n)  # duplicates: nodes on many face pixels
-    keys[rng.random(n) < 0.2] = 0x7FFFFFFFFFFFFFFF
-    order, ordered = K._sort_device(cp.asarray(keys), largest)
-    want = np.argsort(keys, kind="stable")
-    np.testing.assert_array_equal(order.get(), want)
-    np.testing.assert_array_equal(ordered.get(), keys[want])
-
-
-@pytest.mark.gpu
 def test_summaries_lying_end_to_end_are_joined_without_a_copy():
     """A batch's summaries lie one after another in one allocation: the merge reads them as
     one view. Anything else (a gap, another allocation, another dtype, a strided part) is
