@@ -366,11 +366,12 @@ __global__ void label_merge_borders(I* parent, const I n0, const I n1, const I n
 
 #define LABEL_SCAN_THREADS 256
 
+// seg is a power of two (chunkernels.kernels.label._ScanPlan): a shift, not a 64-bit division.
 template <typename T>
 __device__ __forceinline__ T label_scanned(const T* local, const T* offsets, long long seg,
                                            long long i)
 {
-    return local[i] + offsets[i / seg];
+    return local[i] + offsets[i >> (__ffsll(seg) - 1)];
 }
 
 // Inclusive scan of one value per thread over a whole block (warp shuffles, then the warps'
@@ -1045,7 +1046,8 @@ struct alignas(4 * sizeof(O)) label_quad {
 };
 
 template <typename I, typename O>
-__global__ void label_write_through(const I* parent, const I* __restrict__ counts,
+__global__ void __launch_bounds__(256, 8)
+label_write_through(const I* parent, const I* __restrict__ counts,
                                     const I* __restrict__ offsets, const long long seg,
                                     const O* __restrict__ table, O* out, const long long n)
 {

@@ -253,13 +253,14 @@ _SCAN_PER_SEGMENT = 4096
 
 class _ScanPlan:
     """The launches of a :class:`_Scan` of ``n`` elements of ``dtype`` on one device: segments
-    of ``seg`` elements (a whole number of thread blocks), one thread block each."""
+    of ``seg`` elements (a power of two, and whole tiles of ``_SCAN_TILE``), one thread block
+    each."""
 
     __slots__ = ("segments", "seg", "grid", "sizes", "count", "scan", "offsets", "offsets_launch")
 
     def __init__(self, n, dtype):
         segments = max(1, min(_SCAN_SEGMENTS, -(-n // _SCAN_PER_SEGMENT)))
-        seg = max(1, -(-n // (segments * _SCAN_TILE))) * _SCAN_TILE
+        seg = 1 << (max(1, -(-n // (segments * _SCAN_TILE))) * _SCAN_TILE - 1).bit_length()
         self.segments = max(1, -(-n // seg))
         self.seg = np.int64(seg)
         self.grid = (self.segments,)
@@ -431,11 +432,19 @@ class _Forest:
             plan.summary()(_flat_grid(n), (_THREADS,), (self.parent, *self.rank.args, summaries,
                                                         *plan.dims, plan.first_axis, plan.batch,
                                                         np.int64(plan.summary_size)))
-        return [summaries[b * plan.summary_size:(b + 1) * plan.summary_size]
-                for b in range(count)]
+        return _pieces(summaries, (plan.summary_size,), count)
 
 
 _NATIVE = frozenset(d for d in GPU_DTYPES if d != "float16")
+
+
+def _pieces(flat, shape, count) -> list:
+    """``count`` C-ordered views of ``shape``, one after another in the flat device array
+    ``flat`` (made directly on its memory: slicing and reshaping cost the host more)."""
+    cp = cuda.cupy()
+    nbytes = math.prod(shape) * flat.itemsize
+    return [cp.ndarray(shape, dtype=flat.dtype, memptr=flat.data + b * nbytes)
+            for b in range(count)]
 
 
 def label_device(x, structure, dtype=None, out=None):
@@ -566,15 +575,19 @@ class _LocalLabels:
         :meth:`_DeviceNumbering.relabel_batch`, or :meth:`_Forest.write_summary` for their local
         labels."""
         results = [None] * len(blocks)
-        by_layout = {}
+        by_layout, takes = {}, {}
         for i, block in enumerate(blocks):
-            if (cuda.is_cupy_array(block) and 0 < block.size and block.ndim < MAX_NDIM
-                    and block.dtype.name in _NATIVE and not _index64(block)
-                    and SPEC.check_block(block, structure=self.structure)[0]):
+            if cuda.is_cupy_array(block) and block.size:
                 key = (block.device.id, block.shape, block.strides, block.dtype)
-                by_layout.setdefault(key, []).append(i)
-            else:  # alone, or on the host (with a warning, or refused under strict)
-                results[i] = self(block)
+                ok = takes.get(key)
+                if ok is None:  # asked once per layout
+                    ok = takes[key] = (block.ndim < MAX_NDIM and block.dtype.name in _NATIVE
+                                       and not _index64(block)
+                                       and SPEC.check_block(block, structure=self.structure)[0])
+                if ok:
+                    by_layout.setdefault(key, []).append(i)
+                    continue
+            results[i] = self(block)  # alone, or on the host (with a warning, or refused)
         batches = []
         for key, members in by_layout.items():
             per_batch = max(1, min(_BATCH, _BATCH_PIXELS // blocks[members[0]].size))
@@ -1104,8 +1117,7 @@ class _DeviceNumbering:
         out = forest.parent if forest.parent.dtype == dtype else cp.empty(n, dtype=dtype)
         launch.write(_flat_grid(-(-n // 4)), (_THREADS,), (forest.parent, *forest.rank.args,
                                                             table, out, np.int64(n)))
-        size = plan.size
-        return [out[i * size:(i + 1) * size].reshape(plan.shape) for i in range(count)]
+        return _pieces(out, plan.shape, count)
 
 
 class _BatchRelabelPlan:
