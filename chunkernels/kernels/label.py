@@ -285,8 +285,8 @@ class _ForestPlan:
     few layouts, so a block costs its allocations and its launches."""
 
     __slots__ = ("index", "ctype", "dims", "grid", "tiles", "tiles_args", "merge", "merge_block",
-                 "merge_args", "flatten", "shape", "size", "batch", "first_axis", "summary_size", "_writes",
-                 "_write_summary", "_summary")
+                 "merge_args", "flatten", "shape", "size", "batch", "first_axis", "summary_size",
+                 "_writes", "_write_summary", "_summary")
 
     def __init__(self, x, structure, index64, batch=0):
         self.index = np.int64 if index64 else np.int32
