@@ -695,6 +695,7 @@ class _Layout:
         self._planes = None
         self._device = {}
         self._most = {}
+        self.launches = {}  # merge_device's, per device, structure and dtypes
 
     @property
     def faces(self):
@@ -953,48 +954,80 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     grows with the lines and the face pixels, and the bitmap with the labels there can be.
     """
     cp = cuda.cupy()
-    layout = _layout(plan.shape, plan.chunks)
-    device = layout.on_device()
     values = _joined(summaries)
-    ctype = cuda.cuda_type(values.dtype)
-    slots = len(layout.ends_at)
-    ends = cp.empty(slots, dtype=np.int64)
-    raster = cp.zeros(layout.segments, dtype=np.int64)
-    if slots:
-        cuda.function("label", f"label_slots<{ctype}>")(
-            _flat_grid(slots), (_THREADS,), (values, device["ends_at"], device["head"],
-                                             device["segment"], ends, raster, np.int64(slots)))
+    launch = _merge_launches(plan, values.dtype)
+    ends = cp.empty(launch.slots, dtype=np.int64)
+    raster = cp.zeros(launch.segments, dtype=np.int64)
+    if launch.slots:
+        launch.fill_slots(launch.slots_grid, (_THREADS,), (values, *launch.slots_args, ends, raster,
+                                                           launch.slots_n))
     raster = _Scan(raster)  # per slot of the table, the labels up to its end
-    faces = len(device["face_at"])
-    table = 1 << max(1, 2 * faces - 1).bit_length()  # slots: a power of two, twice the faces
-    keys = cp.empty(table, dtype=np.int64)
+    keys = cp.empty(launch.table, dtype=np.int64)
     keys.data.memset_async(0xFF, keys.nbytes)  # LABEL_EMPTY
-    parent = cp.empty(table, dtype=np.int64)
-    words = -(-layout.most_nodes(plan.structure) // 32) + 1
-    bits = cp.zeros(words, dtype=np.uint32)
-    mask = np.uint64(table - 1)
-    if faces:
-        at = cp.empty(faces, dtype=np.int64)
-        cuda.function("label", f"label_face_nodes<{ctype}>")(
-            _flat_grid(faces), (_THREADS,),
-            (values, device["face_at"], device["face_block"], device["first"], ends,
-             *raster.args, device["segment"], keys, parent, at, mask, np.int64(faces)))
+    parent = cp.empty(launch.table, dtype=np.int64)
+    bits = cp.zeros(launch.words, dtype=np.uint32)
+    if launch.faces:
+        at = cp.empty(launch.faces, dtype=np.int64)
+        launch.face_nodes(launch.faces_grid, (_THREADS,),
+                          (values, *launch.faces_args, ends, *raster.args, launch.segment, keys,
+                           parent, at, launch.mask, launch.faces_n))
+        for grid, low, high, dims, offsets in launch.unite:
+            launch.face_unite(grid, (_THREADS,), (low, high, keys, at, parent, *dims, offsets))
+        launch.face_roots(launch.roots_grid, (_THREADS,), (parent, keys, bits, launch.table_n))
+    away = _Scan(cp.empty(launch.words, dtype=np.int64), launch.popc, (bits,))
+    total = raster.total - away.total
+    if not launch.holds:
+        check_bit_depth(int(total), plan.dtype)
+    return _DeviceNumbering(plan, ends, raster, keys, parent, launch.mask, bits, away, total)
+
+
+class _MergeLaunches:
+    """What :func:`merge_device` launches for a chunk grid, a structure, an output dtype and
+    summaries of one dtype on the current device, worked out once: kernels, grids, the layout's
+    device arrays, the sizes of the hash table and the bitmap, and their scalar arguments."""
+
+    def __init__(self, plan, dtype):
+        layout = _layout(plan.shape, plan.chunks)
+        device = layout.on_device()
+        ctype = cuda.cuda_type(dtype)
+        self.slots = len(layout.ends_at)
+        self.slots_n, self.slots_grid = np.int64(self.slots), _flat_grid(self.slots)
+        self.slots_args = (device["ends_at"], device["head"], device["segment"])
+        self.segments = layout.segments
+        self.segment = device["segment"]
+        self.fill_slots = cuda.function("label", f"label_slots<{ctype}>")
+        self.faces = len(device["face_at"])
+        self.faces_n, self.faces_grid = np.int64(self.faces), _flat_grid(self.faces)
+        self.faces_args = (device["face_at"], device["face_block"], device["first"])
+        self.table = 1 << max(1, 2 * self.faces - 1).bit_length()  # twice the faces at least
+        self.table_n, self.roots_grid = np.int64(self.table), _flat_grid(self.table)
+        self.mask = np.uint64(self.table - 1)
+        self.words = -(-layout.most_nodes(plan.structure) // 32) + 1
+        self.face_nodes = cuda.function("label", f"label_face_nodes<{ctype}>")
+        self.face_unite = cuda.function("label", "label_face_unite")
+        self.face_roots = cuda.function("label", "label_face_roots")
+        self.popc = cuda.function("label", "label_scan_popc<long long>")
+        self.unite = []
         for planes, offsets in zip(device["planes"], _unite_masks(plan.structure)):
             if planes is None or not offsets or not planes[0].size:
                 continue
             low, high = planes
             dims = (low.shape[0],) + (1,) * (MAX_NDIM - low.ndim) + low.shape[1:]
-            cuda.function("label", "label_face_unite")(
-                _flat_grid(low.size), (_THREADS,),
-                (low, high, keys, at, parent, *(np.int64(n) for n in dims), offsets))
-        cuda.function("label", "label_face_roots")(
-            _flat_grid(table), (_THREADS,), (parent, keys, bits, np.int64(table)))
-    away = _Scan(cp.empty(words, dtype=np.int64),
-                 cuda.function("label", "label_scan_popc<long long>"), (bits,))
-    total = raster.total - away.total
-    if not holds(plan.dtype, math.prod(plan.shape)):
-        check_bit_depth(int(total), plan.dtype)
-    return _DeviceNumbering(plan, ends, raster, keys, parent, mask, bits, away, total)
+            self.unite.append((_flat_grid(low.size), low, high,
+                               tuple(np.int64(n) for n in dims), offsets))
+        self.holds = holds(plan.dtype, math.prod(plan.shape))
+
+
+def _merge_launches(plan, dtype) -> _MergeLaunches:
+    """:class:`_MergeLaunches` for ``plan`` on the current device, kept with the grid's layout
+    (:func:`_layout`) per structure and dtypes."""
+    layout = _layout(plan.shape, plan.chunks)
+    key = (cuda.cupy().cuda.runtime.getDevice(), plan.structure.tobytes(), plan.structure.shape,
+           plan.dtype, np.dtype(dtype))
+    launch = layout.launches.get(key)
+    if launch is None:
+        launch = layout.launches[key] = _MergeLaunches(plan, dtype)
+    return launch
 
 
 def _joined(parts):
@@ -1269,9 +1302,11 @@ class _HostNumber:
         cp = cuda.cupy()
         self.value = cupyx.empty_pinned((), dtype=total.dtype)
         with total.device:
-            cp.asnumpy(total, out=self.value, blocking=False)
+            stream = cp.cuda.get_current_stream()
+            cp.cuda.runtime.memcpyAsync(self.value.ctypes.data, total.data.ptr, total.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
             self.done = cp.cuda.Event(disable_timing=True)
-            self.done.record()
+            self.done.record(stream)
 
     def __int__(self) -> int:
         self.done.synchronize()
