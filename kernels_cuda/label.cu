@@ -51,22 +51,6 @@ __device__ __forceinline__ I label_find(const volatile I* parent, I a)
     return a;
 }
 
-// label_find that halves the path on the way (each node passed is pointed at its grandparent,
-// an ancestor still): the threads of a tile that look up one tree shorten it for each other
-// (label_tiles' lookups of every pixel's tile root, 28% faster on the benchmark image). A plain
-// write may replace another thread's shorter link with a longer one, never with a non-ancestor.
-__device__ __forceinline__ int label_find_halving(int* parent, int a)
-{
-    int p = parent[a];
-    while (p != a) {
-        const int g = parent[p];
-        parent[a] = g;
-        a = p;
-        p = g;
-    }
-    return a;
-}
-
 // Join the trees of a and b: the larger root is linked under the smaller one. When the atomic
 // finds that the larger root was linked meanwhile, the link it made (if any) still joins a to b,
 // and the loop goes on to join a's old parent with b.
@@ -221,7 +205,7 @@ label_tiles(const label_sources<T> xs, const int batch, I* __restrict__ parent,
                 I value = -1;
                 if (tile[t] >= 0) {
                     // tile order is raster order, so the tile root is the piece's first pixel
-                    const int root = label_find_halving(tile, t);
+                    const int root = label_find<int>(tile, t);
                     value = (z * n2 + row0 + root / LABEL_TILE_X) * n3 +
                             (I)blockIdx.x * LABEL_TILE_X + root % LABEL_TILE_X;
                 }
