@@ -7,14 +7,15 @@ halo depth against chunk and array sizes, parameters.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from chunkernels import _halo, cuda
-from chunkernels._dispatch import run_block
+from chunkernels import _graph, _halo, cuda
+from chunkernels._dispatch import finalize, run_block
 from chunkernels._errors import AlignmentError, HaloError
 from chunkernels._registry import KernelSpec, ensure_registered, get
 from chunkernels.interop import accepts_tensors
@@ -77,7 +78,7 @@ class BlockFunction:
         # or rewrite values (a synonym of an edge mode) that the dtype and boundary depend on
         params = self.params(x.ndim)
         dtype = self.spec.out_dtype(x.dtype, [o.dtype for o in operands], params)
-        out = {"dtype": dtype, "meta": _meta(x, dtype)}
+        out = {"dtype": dtype, "meta": _graph.meta(x, dtype)}
         depth = self.depth(x.ndim)
         if any(depth.values()):
             out.update(depth=depth, boundary=self.spec.boundary(**params))
@@ -176,9 +177,9 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
         names = ", ".join(spec.operands) or "none"
         raise TypeError(f"{spec.name} takes {len(spec.operands)} array operand(s) after x "
                         f"({names}); got {len(operands)}")
-    if spec.dask_graph is not None and _is_dask(x):  # a result not blockwise in x's chunks
+    if spec.dask_graph is not None and _graph.is_dask(x):  # not blockwise in x's chunks
         return spec.dask_graph(x, *operands, strict=strict, **spec.params(x.ndim, params))
-    if _is_dask(x):
+    if _graph.is_dask(x):
         return _apply_dask(spec, x, operands, params, strict=strict, align=align,
                            allow_rechunk=allow_rechunk)
     if not (isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
@@ -195,7 +196,7 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
     if xp is np:
         return np.asarray(spec.cpu(x, *operands, **params))
     stats = run_block(spec, x, operands, params, strict=strict)
-    return _finalize(spec, params, (x.dtype, *(o.dtype for o in operands)), [stats])
+    return finalize(spec, params, (x.dtype, *(o.dtype for o in operands)), [stats])
 
 
 def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
@@ -207,7 +208,7 @@ def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
     xp = cuda.array_module(x)
     ops = []
     for name, op in zip(spec.operands, operands):
-        if not _is_dask(op):
+        if not _graph.is_dask(op):
             op = _as_array(xp, op, x.dtype)
             _check_shape(spec, name, op, x)
             op = da.from_array(op, chunks=_matching_chunks(op, x), asarray=False)
@@ -216,112 +217,34 @@ def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
     dtype = spec.out_dtype(x.dtype, [o.dtype for o in ops], params)
     if spec.kind == "reduction":
         return _reduce(fn, spec, params, x, ops, dtype)
-    meta = _meta(x, dtype)
+    meta = _graph.meta(x, dtype)
     depth = spec.depth(x.ndim, params)
     # Along an axis of one chunk there are no neighbours: the kernel's own edge mode does it all.
     depth = tuple(0 if len(c) == 1 else d for c, d in zip(x.chunks, depth))
     if not any(depth):
-        return _map_blocks(fn, f"{spec.name}-{_token(fn, x, ops)}", x, ops, dtype, meta)
+        name = f"{spec.name}-{_graph.tokenize(fn, x, *ops)}"
+        return _graph.map_blocks(fn, name, x, ops, dtype, meta)
 
     for name, op in zip(spec.operands, ops):
         if op.shape != x.shape:
             raise AlignmentError(f"{spec.name} has a halo, so operand {name!r} must have x's shape "
                                  f"{x.shape}; got {op.shape} (broadcast it first: "
                                  f"da.broadcast_to({name}, x.shape).rechunk(x.chunks))")
-    return _overlap(fn, spec.name, x, ops, depth, spec.boundary(**params), dtype, meta,
-                    allow_rechunk)
+    return overlap(fn, spec.name, x, ops, depth, spec.boundary(**params), dtype, meta,
+                   allow_rechunk)
 
 
-def _overlap(fn, label, x, ops, depth, boundary, dtype, meta, allow_rechunk):
-    """``fn`` over the blocks of ``x`` (and ``ops``) extended by their halo of ``depth``.
+def overlap(fn, label, x, ops, depth, boundary, dtype, meta, allow_rechunk):
+    """``fn`` over the blocks of ``x`` (and ``ops``) extended by their halo of ``depth``, the
+    halo checked first (:func:`_ensure_halo`).
 
     ``label`` names the kernel (or pipeline) in keys and errors; ``boundary`` is what its spec
     says, for all axes or per axis.
     """
     x, ops, depth = _ensure_halo(label, x, ops, depth, allow_rechunk)
     boundary = _halo.boundaries(boundary, x.ndim, label)
-    name = f"{label}-overlap-{_token(fn, x, ops, depth, boundary)}"
-    held = [_in_memory_blocks(a) for a in (x, *ops)]
-    return _halo.overlap(fn, name, x, ops, depth, boundary, dtype, meta, held)
-
-
-def _map_blocks(fn, name, x, ops, dtype, meta):
-    """``da.map_blocks(fn, x, *ops)`` as a graph of one task per output block.
-
-    Same keys, chunks, dtype and meta as ``map_blocks``, with operands paired right-aligned and
-    broadcast along their single-chunk axes (alignment is checked before this). Measured on an
-    H100 (docs/benchmarks.md), optimising map_blocks' Blockwise layer costs Dask ~70 us per chunk
-    at persist time (fuse_roots, blockwise materialisation), as much as the kernel on a 128 MiB
-    chunk; a materialised layer skips that work. Built from Dask's task classes
-    (``dask._task_spec``), which the pinned Dask release provides.
-    """
-    import dask.array as da
-    from dask.highlevelgraph import HighLevelGraph
-
-    graph, dependencies = _block_tasks(fn, name, x, ops)
-    layer = HighLevelGraph.from_collections(name, graph, dependencies=dependencies)
-    return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
-
-
-def _block_tasks(fn, name, x, ops) -> tuple[dict, list]:
-    """``{(name, *index): fn(x block, operand blocks)}`` for every block index of ``x``, and the
-    inputs whose keys the tasks reference (:func:`_block_args`)."""
-    from dask._task_spec import Task
-
-    args, dependencies = _block_args(x, ops)
-    graph = {}
-    for index, block_args in args.items():
-        key = (name, *index)
-        graph[key] = Task(key, fn, *block_args)
-    return graph, dependencies
-
-
-def _block_args(x, ops) -> tuple[dict, list]:
-    """Per block index of ``x``, the arguments a task on that block takes (the blocks of ``x``
-    and of the operands ``ops``), and the inputs whose keys those arguments reference.
-
-    Blocks already in memory (a Dask array persisted by a local scheduler, or ``from_array`` of a
-    NumPy array) go into the tasks themselves, as ``from_array(..., inline_array=True)`` does,
-    instead of as graph nodes the tasks depend on: Dask's local scheduler orders, tracks and
-    releases every node, so on a persisted input this halves the nodes and leaves independent
-    tasks, ~25-35 us less per chunk (CPU measurements in docs/benchmarks.md). Anything else (a lazy
-    input, a distributed scheduler's futures) stays a reference, so the scheduler runs it.
-    """
-    from dask._task_spec import TaskRef
-
-    inputs = (x, *ops)
-    # per input: its name, its blocks if in memory, and which axes of x index its blocks
-    # (right-aligned; None along single-chunk axes, which broadcast)
-    plans = []
-    for a in inputs:
-        lead = x.ndim - a.ndim
-        axes = tuple(None if nb == 1 else lead + j for j, nb in enumerate(a.numblocks))
-        plans.append((a.name, _in_memory_blocks(a), axes))
-    args = {}
-    for index in np.ndindex(*x.numblocks):
-        block_args = []
-        for a_name, blocks, axes in plans:
-            key = (a_name, *(0 if ax is None else index[ax] for ax in axes))
-            block_args.append(TaskRef(key) if blocks is None else blocks[key])
-        args[index] = block_args
-    return args, [a for a, (_, blocks, _) in zip(inputs, plans) if blocks is None]
-
-
-def _in_memory_blocks(a) -> dict | None:
-    """``a``'s blocks by key when every one is a NumPy or CuPy array in its graph, else None."""
-    from dask._task_spec import DataNode
-
-    layer = a.dask.layers.get(a.name)
-    if layer is None or not layer.is_materialized() or len(layer) != a.npartitions:
-        return None
-    blocks = {}
-    for key, value in layer.items():
-        if isinstance(value, DataNode):
-            value = value.value
-        if not (isinstance(value, np.ndarray) or cuda.is_cupy_array(value)):
-            return None
-        blocks[key] = value
-    return blocks
+    name = f"{label}-overlap-{_graph.tokenize(fn, x, *ops, depth, boundary)}"
+    return _graph.overlap(fn, name, x, ops, depth, boundary, dtype, meta)
 
 
 def _reduce(fn, spec, params, x, ops, dtype):
@@ -329,25 +252,10 @@ def _reduce(fn, spec, params, x, ops, dtype):
 
     The result is a lazy 0-d Dask array; its graph grows with the number of blocks only.
     """
-    import dask.array as da
-    from dask._task_spec import List, Task, TaskRef
-    from dask.highlevelgraph import HighLevelGraph
-
-    name = f"{spec.name}-{_token(fn, x, ops)}"
-    graph, dependencies = _block_tasks(fn, f"{name}-partial", x, ops)
     dtypes = (x.dtype, *(op.dtype for op in ops))
-    graph[(name,)] = Task((name,), _finalize, spec, params, dtypes,
-                          List(*(TaskRef(key) for key in list(graph))))
-    layer = HighLevelGraph.from_collections(name, graph, dependencies=dependencies)
-    xp = cuda.array_module(x)
-    return da.Array(layer, name, chunks=(), dtype=dtype, meta=xp.empty((), dtype=dtype))
-
-
-def _finalize(spec, params, dtypes, partials):
-    """Stack the blocks' statistics rows and let the kernel combine them (on their device)."""
-    xp = cuda.array_module(partials[0])
-    stats = xp.concatenate([xp.asarray(p).reshape(-1, p.shape[-1]) for p in partials])
-    return xp.asarray(spec.finalize(stats, dtypes, **params))
+    return _graph.reduce(fn, functools.partial(finalize, spec, params, dtypes),
+                         f"{spec.name}-{_graph.tokenize(fn, x, *ops)}", x, ops, chunks=(),
+                         dtype=dtype, meta=_graph.meta(x, dtype, 0))
 
 
 def _ensure_halo(label, x, ops, depth, allow_rechunk):
@@ -442,17 +350,3 @@ def _as_array(xp, value, x_dtype):
     if xp is np:
         return value.get() if cuda.is_cupy_array(value) else np.asarray(value)
     return xp.asarray(value)
-
-
-def _meta(x, dtype):
-    return cuda.array_module(x).empty((0,) * x.ndim, dtype=dtype)
-
-
-def _is_dask(a) -> bool:
-    return type(a).__module__.startswith("dask.") and hasattr(a, "chunks") and hasattr(a, "dask")
-
-
-def _token(fn, x, ops, *extra):
-    from dask.base import tokenize
-
-    return tokenize(fn, x, *ops, *extra)

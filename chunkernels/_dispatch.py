@@ -67,6 +67,14 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
                                   spec.depth(x.ndim, params), failure)
 
 
+def finalize(spec: KernelSpec, params: Mapping[str, Any], dtypes, partials):
+    """A reduction kernel's result from its blocks' partial statistics: the rows stacked (on
+    their device) and combined by ``spec.finalize``."""
+    xp = cuda.array_module(partials[0])
+    stats = xp.concatenate([xp.asarray(p).reshape(-1, p.shape[-1]) for p in partials])
+    return xp.asarray(spec.finalize(stats, dtypes, **params))
+
+
 def out_of_memory_error(kernel: str, shape: tuple[int, ...], dtype, device, depth: Sequence,
                         failure: str) -> GPUOutOfMemoryError:
     """The error for a block of ``shape`` and ``dtype`` (its halo of ``depth`` included: per

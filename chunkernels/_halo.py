@@ -1,38 +1,40 @@
-"""The halo exchange for kernels with a halo: thin strips travel, core blocks stay where they are.
+"""The halo exchange for kernels with a halo: its plans and the bodies of its tasks.
 
-``dask.array.map_overlap`` builds, for every block, getitem tasks on each neighbour and
-concatenation tasks that assemble the block with its halo, then a trim; on a distributed cluster
-the concatenations pull whole neighbour blocks across workers, and every stage is a task. Here
-the graph has at most two tasks per block and input:
+Thin strips travel, core blocks stay where they are. ``dask.array.map_overlap`` builds, for every
+block, getitem tasks on each neighbour and concatenation tasks that assemble the block with its
+halo, then a trim; on a distributed cluster the concatenations pull whole neighbour blocks across
+workers, and every stage is a task. :func:`chunkernels._graph.overlap` builds the graph from the
+plans here, in one of these shapes:
 
-* a **strip task** on each block slices, as contiguous copies, exactly the pieces of it that other
-  blocks' halos need (faces, edges and corners, ``depth`` thick; with a periodic boundary the
-  wrap-around pieces too). It depends on that block only, so the scheduler runs it where the block
-  lives and only the strips travel;
+* lazy inputs: a **strip task** on each block slices, as contiguous copies, exactly the pieces of
+  it that other blocks' halos need (faces, edges and corners, ``depth`` thick; with a periodic
+  boundary the wrap-around pieces too; :func:`cut`). It depends on that block only, so the
+  scheduler runs it where the block lives and only the strips travel;
 * a **kernel task** per block takes the core block and the pieces its halo needs, copies them once
   into one preallocated buffer (CuPy blocks: one gather launch, ``kernels_cuda/halo_gather.cu``),
-  runs the kernel on it and returns the core region of the result. Its largest input is the core
-  block, so it runs on the worker that holds it.
+  runs the kernel on it and returns the core region of the result (:func:`extend_and_run`). Its
+  largest input is the core block, so it runs on the worker that holds it;
+* inputs whose blocks are already in memory (a persisted array on a local scheduler,
+  ``from_array`` of a NumPy array) need no strip tasks: their kernel tasks hold the core block
+  and the neighbours' pieces they need (:class:`Held`: the block and the slices, read in place by
+  the gather), so the graph is one independent task per block, nothing is cut or copied before
+  the gather, and a task that is ever serialised carries only its core and strips;
+* inputs persisted on a cluster, each block on one worker: a kernel task reads the pieces held by
+  its own worker in place (:class:`Held` again) and the strips that cross workers travel in one
+  batch per pair of workers (:func:`cut_many`);
+* CuPy blocks already in memory under a local scheduler go further: one task runs the kernel on a
+  group of blocks (:func:`run_group`), and each output block's task picks its result from the
+  group's (:func:`group_blocks` says when). Their kernel tasks only queue launches, so a task per
+  block buys no parallelism, and in one task the blocks of one extended shape can share launches:
+  a kernel whose spec stacks blocks (``KernelSpec.stack``, the separable filters) gathers them
+  into slices of one buffer and runs once on the stack, one launch per pass instead of one per
+  block.
 
-Inputs whose blocks are already in memory (a persisted array on a local scheduler, ``from_array``
-of a NumPy array) need no strip tasks: their kernel tasks hold the core block and the neighbours'
-pieces they need (:class:`Held`: the block and the slices, read in place by the gather), so the
-graph is one independent task per block, nothing is cut or copied before the gather, and a task
-that is ever serialised carries only its core and strips.
-Lazy inputs, and a distributed scheduler's futures, keep the strip tasks.
-
-CuPy blocks already in memory under a local scheduler go further: one task runs the kernel on a
-group of blocks (:func:`_run_group`), and each output block's task picks its result from the
-group's (:func:`group_blocks` says when). Their kernel tasks only queue launches, so a task per
-block buys no parallelism, and in one task the blocks of one extended shape can share launches:
-a kernel whose spec stacks blocks (``KernelSpec.stack``, the separable filters) gathers them into
-slices of one buffer and runs once on the stack, one launch per pass instead of one per block.
-
-Pieces are planned per axis and combined: along an axis, a block's extended range is its own
-range widened by the depth on each side (clipped to the array where the boundary is ``"none"``,
-wrapped around it where it is ``"periodic"``), cut at chunk boundaries. A halo wider than the
-neighbouring chunks therefore gathers from several of them, with no rechunking. Graph size is
-O(blocks); a block refers to as many strip tasks as blocks its halo reaches.
+Pieces are planned per axis and combined (:func:`plans`): along an axis, a block's extended range
+is its own range widened by the depth on each side (clipped to the array where the boundary is
+``"none"``, wrapped around it where it is ``"periodic"``), cut at chunk boundaries. A halo wider
+than the neighbouring chunks therefore gathers from several of them, with no rechunking. Graph
+size is O(blocks); a block refers to as many strip tasks as blocks its halo reaches.
 """
 
 from __future__ import annotations
@@ -40,9 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import math
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -57,71 +57,6 @@ BOUNDARIES = ("none", "periodic")
 WHOLE_AXIS = 2**62
 
 
-def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
-            boundary: tuple[str, ...], dtype, meta, held: Sequence[dict | None] = ()):
-    """``fn`` over ``x`` (and same-chunked ``ops``) with a halo of ``depth``; a Dask array.
-
-    ``fn(block, *operand_blocks)`` receives each block extended by its halo and returns a result
-    of the same shape; the result's core region becomes the output block. ``boundary[a]`` is
-    ``"none"`` (no halo beyond the array's edge: the kernel applies its own edge mode there) or
-    ``"periodic"`` (the halo wraps around) for each axis ``a``; ``depth[a]`` is 0 on an axis
-    without neighbours. ``held[i]``, where given and not None, maps the keys of input ``i``
-    (``x``, then ``ops``) to its blocks already in memory: they go into the kernel tasks (the core
-    block, :class:`Held` pieces of the neighbours) instead of being referenced.
-    """
-    import dask.array as da
-    from dask._task_spec import List, Task, TaskRef
-    from dask.highlevelgraph import HighLevelGraph
-
-    inputs = [x, *ops]
-    names = [a.name for a in inputs]
-    # per input: its blocks in memory by block index, or None (referenced, cut by strip tasks)
-    held = [None if blocks is None else {key[1:]: block for key, block in blocks.items()}
-            for blocks in list(held) + [None] * (len(inputs) - len(held))]
-    strip_names = [f"{name}-strips-{i}" for i in range(len(inputs))]
-    lazy = any(blocks is None for blocks in held)
-    # task arguments: plain tuples, unless they hold references Dask must resolve
-    pack = (lambda items: List(*items)) if lazy else tuple
-    targets, cuts = _plans(tuple(map(tuple, x.chunks)), tuple(depth), tuple(boundary), lazy)
-
-    graph: dict = {}
-    for source, wanted in cuts.items():
-        ranges = tuple(wanted)  # insertion order: the positions handed out above
-        for inp, blocks, strips in zip(names, held, strip_names):
-            if blocks is None:
-                key = (strips, *source)
-                graph[key] = Task(key, _cut, TaskRef((inp, *source)), ranges)
-    # per output key: (plan, cores, pieces), or (None, cores) for an empty block
-    jobs: dict = {}
-    for index, target in targets.items():
-        cores = pack([TaskRef((inp, *index)) if blocks is None else blocks[index]
-                      for inp, blocks in zip(names, held)])
-        if target is None:
-            jobs[(name, *index)] = (None, cores)
-            continue
-        plan, placements = target
-        pieces = []
-        for blocks, strips in zip(held, strip_names):
-            if blocks is None:  # the strip tasks' outputs, picked in placement order
-                sources = list(dict.fromkeys(source for source, *_ in placements))
-                refs = List(*(TaskRef((strips, *s)) for s in sources))
-                picks = tuple((sources.index(s), cuts[s][c]) for s, c, _, _ in placements)
-                pieces.append(Task(None, _pick, refs, picks))
-            else:  # the blocks in memory, not cut: the gather reads the pieces in place
-                pieces.append(tuple([Held(blocks[s], c) for s, _, c, _ in placements]))
-        jobs[(name, *index)] = (plan, cores, pack(pieces))
-    if group_blocks(held):
-        itemsize = np.dtype(dtype).itemsize
-        graph.update(_grouped(name, fn, jobs, {key: itemsize * math.prod(
-            c[i] for c, i in zip(x.chunks, key[1:])) for key in jobs}))
-    else:
-        graph.update({key: Task(key, _call, fn, job[1]) if job[0] is None
-                      else Task(key, _extend_and_run, fn, *job) for key, job in jobs.items()})
-    layer = HighLevelGraph.from_collections(
-        name, graph, dependencies=[a for a, blocks in zip(inputs, held) if blocks is None])
-    return da.Array(layer, name, chunks=x.chunks, dtype=dtype, meta=meta)
-
-
 #: The most output bytes one task of a group computes (:func:`group_blocks`): large enough that
 #: a few tasks cover arrays of many gigabytes, small enough that Dask can release a group's input
 #: blocks, and its consumers run, before the whole array is done.
@@ -129,46 +64,18 @@ GROUP_BYTES = 2**30
 
 
 def group_blocks(held) -> bool:
-    """Whether one task runs the kernel on a group of blocks (at most :data:`GROUP_BYTES` of
-    output): every input's blocks are CuPy arrays in memory and no distributed client is
-    current. NumPy blocks keep a task each, which the threaded scheduler runs in parallel (the
-    CPU kernels release the GIL); a cluster's workers run each block where it lies."""
-    from chunkernels import cluster
-
+    """Whether, under a local scheduler, one task runs the kernel on a group of blocks (at most
+    :data:`GROUP_BYTES` of output): every input's blocks are CuPy arrays in memory. NumPy blocks
+    keep a task each, which the threaded scheduler runs in parallel (the CPU kernels release
+    the GIL); a cluster's workers run each block where it lies (the graph layer asks this only
+    where the graph runs locally)."""
     if not held or any(blocks is None for blocks in held) or not held[0]:
         return False
-    return cuda.is_cupy_array(next(iter(held[0].values()))) and cluster.current() is None
+    return cuda.is_cupy_array(next(iter(held[0].values())))
 
 
-def _grouped(name, fn, jobs, sizes):
-    """The graph running ``fn`` on the blocks of ``jobs`` (``{output key: (plan, cores,
-    pieces)}``, or ``(None, cores)`` for an empty block; blocks in memory) in group tasks of at
-    most :data:`GROUP_BYTES` of output (``sizes``: each key's bytes), in key order, and a pick
-    task per output key."""
-    from dask._task_spec import Task, TaskRef
-
-    graph, picks, group, size = {}, {}, [], 0
-
-    def close():
-        key = (f"{name}-group", len(graph))
-        graph[key] = Task(key, _run_group, fn, tuple(jobs[k] for k in group))
-        for position, k in enumerate(group):
-            picks[k] = Task(k, _picked, TaskRef(key), position)
-
-    for key in jobs:
-        if group and size + sizes[key] > GROUP_BYTES:
-            close()
-            group, size = [], 0
-        group.append(key)
-        size += sizes[key]
-    if group:
-        close()
-    graph.update(picks)
-    return graph
-
-
-def _run_group(fn, jobs):
-    """Each job's result (see :func:`_grouped`). A kernel whose spec can stack blocks
+def run_group(fn, jobs):
+    """Each job's result (jobs as :func:`chunkernels._graph.overlap` makes them). A kernel whose spec can stack blocks
     (``KernelSpec.stack``) runs the blocks of one extended shape, dtype and device together:
     each gathered into its slice of one buffer, then one run on the stack (one launch per
     pass instead of one per block). The others, and a stack that does not fit in device memory,
@@ -181,17 +88,17 @@ def _run_group(fn, jobs):
             device = core.data.device_id if cuda.is_cupy_array(core) else None
             stacks.setdefault((job[0][0], core.dtype, device), []).append(i)
         else:
-            results[i] = _run_job(fn, job)
+            results[i] = run_job(fn, job)
     for members in stacks.values():
         stacked = _run_stack(fn, [jobs[i] for i in members]) if len(members) > 1 else None
         for n, i in enumerate(members):
-            results[i] = _run_job(fn, jobs[i]) if stacked is None else stacked[n]
+            results[i] = run_job(fn, jobs[i]) if stacked is None else stacked[n]
     return results
 
 
-def _run_job(fn, job):
+def run_job(fn, job):
     """One block's result: ``fn`` on an empty block, or on the block extended by its halo."""
-    return _call(fn, job[1]) if job[0] is None else _extend_and_run(fn, *job)
+    return call(fn, job[1]) if job[0] is None else extend_and_run(fn, *job)
 
 
 def _stackable(fn, job) -> bool:
@@ -222,12 +129,12 @@ def _run_stack(fn, jobs):
     return [entry[plan[1]] for entry, (plan, *_) in zip(out, jobs)]
 
 
-def _picked(results, position):
+def picked(results, position):
     return results[position]
 
 
 @functools.lru_cache(maxsize=16)  # a plan holds a few tuples per block: keep the last few
-def _plans(chunks, depth, boundary, lazy):
+def plans(chunks, depth, boundary, lazy):
     """Per block index of a grid of ``chunks``, its gather plan and placements (or None for an
     empty block), and, when ``lazy``, what each source block must cut for the others:
     ``{source index: {(start, stop) per axis: position}}``. Worked out once per grid, depth and
@@ -302,7 +209,7 @@ def _pieces_along(plan):
             tuple(at for *_, at in segments))
 
 
-def _cut(block, cuts):
+def cut(block, cuts):
     """The pieces of ``block`` other blocks' halos need, as contiguous copies.
 
     Copies, not views: a view would keep the whole block alive with the strip and make a
@@ -311,7 +218,13 @@ def _cut(block, cuts):
     return tuple(block[tuple(slice(*s) for s in cut)].copy() for cut in cuts)
 
 
-def _call(fn, blocks):
+def cut_many(blocks, cuts):
+    """Pieces of several blocks (``cuts``: ``(position in blocks, (start, stop) per axis)``), as
+    contiguous copies: the strips one worker sends another in one message."""
+    return tuple(blocks[at][tuple(slice(*r) for r in ranges)].copy() for at, ranges in cuts)
+
+
+def call(fn, blocks):
     return fn(*blocks)
 
 
@@ -339,12 +252,12 @@ class Held:
         return Held, (piece, (slice(None),) * piece.ndim)
 
 
-def _pick(strips, picks):
+def pick(strips, picks):
     """The pieces a block needs, in its placement order, from its neighbours' strip tuples."""
     return tuple(strips[source][position] for source, position in picks)
 
 
-def _extend_and_run(fn, plan, cores, pieces):
+def extend_and_run(fn, plan, cores, pieces):
     """Assemble each input's block with its halo in one buffer, run ``fn``, keep the core."""
     core = plan[1]
     xp = cuda.array_module(cores[0])

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from chunkernels import _halo, cuda
-from chunkernels._apply import BlockFunction, _is_dask, _map_blocks, _meta, _overlap, _token
+from chunkernels import _graph, _halo, cuda
+from chunkernels._apply import BlockFunction, overlap
 from chunkernels._registry import get
 
 
@@ -92,19 +92,20 @@ class Pipeline:
         dask.array.Array, numpy.ndarray or cupy.ndarray
             Equal to applying the steps one after another with :func:`chunkernels.apply`.
         """
-        if not (_is_dask(x) or isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
+        if not (_graph.is_dask(x) or isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
             raise TypeError(f"a pipeline takes a dask.array.Array, numpy.ndarray or cupy.ndarray; "
                             f"got {type(x).__module__}.{type(x).__name__}")
         run = _Run(self.steps, x.ndim)  # validates every step's parameters for x.ndim
-        if not _is_dask(x):
+        if not _graph.is_dask(x):
             return run(x)
         dtype = self.dtype(x.dtype, x.ndim)
-        meta = _meta(x, dtype)
+        meta = _graph.meta(x, dtype)
         depth = tuple(0 if len(c) == 1 else d for c, d in zip(x.chunks, self.depth(x.ndim)))
         boundary = self.boundary(x.ndim)
         if not any(depth):
-            return _map_blocks(run, f"{self.name}-{_token(run, x, [])}", x, [], dtype, meta)
-        return _overlap(run, self.name, x, [], depth, boundary, dtype, meta, allow_rechunk)
+            return _graph.map_blocks(run, f"{self.name}-{_graph.tokenize(run, x)}", x, [], dtype,
+                                     meta)
+        return overlap(run, self.name, x, [], depth, boundary, dtype, meta, allow_rechunk)
 
     __call__ = apply
 
@@ -114,6 +115,7 @@ class _Run:
 
     def __init__(self, steps, ndim):
         self.steps = steps
+        self.name = "pipeline " + "+".join(step.spec.name for step in steps)
         for step in steps:
             step.params(ndim)
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels._apply import _is_dask, apply
+from chunkernels._apply import apply
+from chunkernels._graph import is_dask
 from chunkernels._registry import get, kernels
 
 
@@ -89,11 +90,11 @@ def _metric(name, a, b, **params):
 
 def _same_kind(a, b):
     """Both Dask if either is, else both CuPy if either is (the device copy is explicit)."""
-    if _is_dask(a) or _is_dask(b):
+    if is_dask(a) or is_dask(b):
         import dask.array as da
 
-        a = a if _is_dask(a) else da.from_array(a, chunks=b.chunks, asarray=False)
-        b = b if _is_dask(b) else da.from_array(b, chunks=a.chunks, asarray=False)
+        a = a if is_dask(a) else da.from_array(a, chunks=b.chunks, asarray=False)
+        b = b if is_dask(b) else da.from_array(b, chunks=a.chunks, asarray=False)
         return a, b
     if cuda.is_cupy_array(a) or cuda.is_cupy_array(b):
         cp = cuda.cupy()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels._apply import _is_dask, apply
+from chunkernels._apply import apply
+from chunkernels._graph import is_dask
 from chunkernels._dispatch import run_block
 from chunkernels._registry import get
 from chunkernels.interop import accepts_tensors
@@ -74,7 +75,7 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
         x, params["weights"] = _in_type_of(x, _host(weights)), C.validate(2, _host(x))["weights"]
     if x.size == 0 or params["weights"].size == 0:  # scipy's shapes for empty inputs, from scipy
         return _in_type_of(x, spec.cpu(_host(x), **params))
-    if not _is_dask(x):  # the parameters are validated: run it now, without validating again
+    if not is_dask(x):  # the parameters are validated: run it now, without validating again
         return run_block(spec, x, (), params)
     if params["mode"] == "same":
         return apply(x, "convolve2d", allow_rechunk=True, **params)
@@ -108,7 +109,7 @@ def _chunked_window(x, params, out_dtype):
 
 
 def _host(x):
-    if _is_dask(x):
+    if is_dask(x):
         x = x.compute()
     return x.get() if cuda.is_cupy_array(x) else np.asarray(x)
 
@@ -117,7 +118,7 @@ def _in_type_of(x, result):
     """``result`` (NumPy) as an array of ``x``'s type: CuPy, or one Dask chunk of its kind."""
     xp = cuda.array_module(x)
     result = xp.asarray(result)
-    if _is_dask(x):
+    if is_dask(x):
         import dask.array as da
 
         return da.from_array(result, chunks=result.shape or (), asarray=False)

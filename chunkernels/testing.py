@@ -81,3 +81,16 @@ def chunkings(shape, halo=0):
         if c not in unique:
             unique.append(c)
     return unique
+
+
+def graph_on_a_cluster(collection) -> dict:
+    """The tasks of Dask ``collection`` as a distributed scheduler builds them: ``{key: task}``.
+
+    Some of chunkernels' layers choose their shape where the graph is materialised (a local
+    scheduler gets one shape, a cluster another: ``chunkernels._graph.chosen_array``);
+    ``dict(collection.__dask_graph__())`` shows the local one. This serialises the graph as
+    ``distributed`` does when it sends it to the scheduler, and materialises it.
+    """
+    import pickle
+
+    return dict(pickle.loads(pickle.dumps(collection.__dask_graph__())))

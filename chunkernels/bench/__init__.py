@@ -414,25 +414,10 @@ def dask_alone(*collections, **options) -> Callable[[], object]:
     """
     import dask
 
-    stand_ins = [_with_noop_tasks(c) for c in collections]
+    from chunkernels._graph import with_noop_tasks
+
+    stand_ins = [with_noop_tasks(c) for c in collections]
     return lambda: dask.persist(*stand_ins, **options)
-
-
-def _with_noop_tasks(collection):
-    import dask.array as da
-    from dask._task_spec import Task
-    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
-
-    graph = collection.__dask_graph__()
-    layers = {name: MaterializedLayer({
-        key: Task(key, _noop, *node.args, **node.kwargs) if isinstance(node, Task) else node
-        for key, node in layer.items()}) for name, layer in graph.layers.items()}
-    return da.Array(HighLevelGraph(layers, graph.dependencies), collection.name,
-                    chunks=collection.chunks, dtype=collection.dtype, meta=collection._meta)
-
-
-def _noop(*args, **kwargs) -> None:
-    return None
 
 
 if __name__ == "__main__":

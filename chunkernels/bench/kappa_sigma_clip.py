@@ -36,7 +36,7 @@ def run(args) -> dict:
     """Check, then time, κ-σ clipping of an 8192² float32 sky; returns the report."""
     import dask.array as da
 
-    from chunkernels._apply import _in_memory_blocks
+    from chunkernels._graph import in_memory_blocks
     from chunkernels.kernels import kappa_sigma_clip as ksc
     from chunkernels.sources import clip_reference, kappa_sigma_clip, synthetic_sky
     from chunkernels.sources._clip import _clip_with_passes, _DevicePasses
@@ -60,7 +60,7 @@ def run(args) -> dict:
     runs = {
         "chunkernels, CuPy whole array": ([x], lambda: kappa_sigma_clip(x, KAPPA)),
         f"chunkernels, Dask CuPy chunks {chunk[0]}x{chunk[1]} ({dx.npartitions}, persisted)":
-            (list(_in_memory_blocks(dx).values()), lambda: kappa_sigma_clip(dx, KAPPA)),
+            (list(in_memory_blocks(dx).values()), lambda: kappa_sigma_clip(dx, KAPPA)),
     }
     rows = []
     for label, (blocks, fn) in runs.items():

@@ -165,10 +165,10 @@ def run(args) -> dict:
 
 def _a_task_per_chunk():
     """A context in which CuPy chunks get the graph NumPy chunks get: a task labels each chunk,
-    the merge task only merges (see chunkernels.kernels.label._one_task_labels)."""
-    from chunkernels.kernels import label as K
+    the merge task only merges (see chunkernels.kernels.label.local_shape)."""
+    from chunkernels.kernels import label
 
-    return mock.patch.object(K, "_one_task_labels", lambda xp: False)
+    return mock.patch.object(label, "local_shape", lambda xp: "per block")
 
 
 def _same_partition(labels, want, count) -> bool:

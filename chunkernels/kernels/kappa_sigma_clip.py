@@ -484,20 +484,14 @@ def _select_gpu(row, ranks):
 def dask_graph(x, *, strict=False, **params):
     """The pass over a Dask array: one task per block (its row) and one that combines them into
     a 1-D Dask array of :data:`HEAD` float64 values."""
-    import dask.array as da
-    from dask._task_spec import List, Task, TaskRef
-    from dask.highlevelgraph import HighLevelGraph
-
-    from chunkernels._apply import BlockFunction, _block_tasks, _finalize, _token
+    from chunkernels import _graph
+    from chunkernels._apply import BlockFunction
+    from chunkernels._dispatch import finalize
 
     fn = BlockFunction(SPEC, params, strict=strict)
-    name = f"kappa_sigma_clip-{_token(fn, x, [])}"
-    graph, dependencies = _block_tasks(fn, f"{name}-partial", x, [])
-    graph[(name, 0)] = Task((name, 0), _finalize, SPEC, params, (x.dtype,),
-                            List(*(TaskRef(key) for key in list(graph))))
-    layer = HighLevelGraph.from_collections(name, graph, dependencies=dependencies)
-    meta = cuda.array_module(x).empty((0,), dtype=np.float64)
-    return da.Array(layer, name, chunks=((HEAD,),), dtype=np.float64, meta=meta)
+    return _graph.reduce(fn, functools.partial(finalize, SPEC, params, (x.dtype,)),
+                         f"kappa_sigma_clip-{_graph.tokenize(fn, x)}", x, [], chunks=((HEAD,),),
+                         dtype=np.float64, meta=_graph.meta(x, np.float64, 1))
 
 
 def _cases(rng):

@@ -6,10 +6,10 @@ order of each component's first pixel, as SciPy numbers them. CUDA source:
 ``kernels_cuda/label.cu`` (union-find whose roots are first pixels, see its header).
 
 A label is not blockwise, so a Dask array gets its own graph (:func:`plan`), of
-``2 * chunks + 2`` tasks whatever the number of labels (``3 * chunks + 2`` when a distributed
-client is current, so that only the summaries travel to the merge's worker; for CuPy chunks
+``2 * chunks + 2`` tasks whatever the number of labels (``3 * chunks + 2`` where it runs on a
+distributed cluster, so that only the summaries travel to the merge's worker; for CuPy chunks
 under a local scheduler, one task does all three steps below and each chunk's task picks its
-labels, ``chunks + 2``, see :func:`_one_task_labels`):
+labels, ``chunks + 2``; see :func:`_tasks` and :func:`local_shape`):
 
 1. per chunk, a local labelling (SciPy on NumPy chunks, the CUDA kernels on CuPy chunks) and a
    small summary: the chunk's faces (first and last slice along every axis) and, for every line
@@ -33,7 +33,7 @@ import warnings
 import numpy as np
 import scipy.ndimage as ndi
 
-from chunkernels import cluster, cuda, layout
+from chunkernels import cuda, layout
 from chunkernels._errors import CPUFallbackWarning, UnsupportedBlockError
 from chunkernels._registry import KernelSpec
 
@@ -1253,19 +1253,6 @@ def _count(merged):
     return np.asarray(int(total), dtype=np.intp)
 
 
-def _one_task_labels(xp) -> bool:
-    """Whether one task labels every block, merges and relabels them (:func:`_label_blocks`),
-    the chunks' tasks picking their labels from it: for CuPy blocks under a local scheduler.
-
-    Their labelling only queues kernels, and blocks of one layout share each launch (a batch,
-    :meth:`_LocalLabels.many`), so a task per block would add Dask's handling of a task, which
-    costs the host more than the launches, once per block and buy no parallelism; the
-    summaries and the merge stay on the device either way. NumPy blocks keep a task each,
-    labelled by SciPy in parallel (it releases the GIL), and so do blocks on a distributed
-    cluster, which are labelled where they lie and send only their summaries to the merge."""
-    return xp is not np and cluster.current() is None
-
-
 def _label_blocks(plan: _MergePlan, local, dtype, blocks):
     """Steps 1 to 3 in one task: ``(every block's labels, the merge, the number of labels)``,
     the number an ``int`` or a :class:`_HostNumber`. Blocks labelled in a batch get their global
@@ -1330,58 +1317,92 @@ def plan(x, structure, dtype=None, *, strict=False):
 
     The labels have ``x``'s chunks and array type (NumPy or CuPy chunks); the number is a 0-d
     NumPy-backed array. ``structure`` is checked (:func:`check_structure`); ``dtype`` defaults
-    to :func:`default_dtype` of the whole array.
+    to :func:`default_dtype` of the whole array. The graph's shape is chosen where it runs
+    (:func:`chunkernels._graph.chosen_array`, :func:`_tasks`).
     """
-    import dask.array as da
-    from dask._task_spec import List, Task, TaskRef
-    from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
-
-    from chunkernels._apply import _block_args, _block_tasks
+    from chunkernels import _graph
 
     dtype = default_dtype(x.size) if dtype is None else np.dtype(dtype)
     xp = cuda.array_module(x)
     if x.ndim == 0:  # one pixel: label it as a 1-D array of one
         labels, count = plan(x[None], check_structure(None, 1), dtype, strict=strict)
         return labels[0], count
-    name = "label-" + tokenize(x, structure, dtype, strict)
-    local = _LocalLabels(structure, strict)
-    merge_key = (f"{name}-merge",)
-    merge_plan = _MergePlan(x.shape, x.chunks, structure, dtype)
-    if _one_task_labels(xp):
-        # steps 1 to 3 in one task; each chunk's task picks its labels
-        args, dependencies = _block_args(x, ())
-        graph = {merge_key: Task(merge_key, _label_blocks, merge_plan, local, dtype,
-                                 List(*(a[0] for a in args.values())))}
-        for b, index in enumerate(args):
-            graph[(name, *index)] = Task((name, *index), _pick, TaskRef(merge_key), b)
-        count_task = Task((f"{name}-count",), _count_labelled, TaskRef(merge_key),
-                          List(*(TaskRef((name, *index)) for index in args)))
-    else:
-        graph, dependencies = _block_tasks(local, f"{name}-local", x, ())
-        local_keys = list(graph)
-        merged_from = local_keys
-        if cluster.current() is not None:
-            # on a cluster a task's whole result travels to the merge's worker: give it the
-            # summaries alone, not every chunk's labels
-            merged_from = [(f"{name}-summary", *key[1:]) for key in local_keys]
-            for key, local_key in zip(merged_from, local_keys):
-                graph[key] = Task(key, _summary_of, TaskRef(local_key))
-        graph[merge_key] = Task(merge_key, _merge_task, merge_plan,
-                                List(*(TaskRef(k) for k in merged_from)))
-        for b, key in enumerate(local_keys):
-            out_key = (name, *key[1:])
-            graph[out_key] = Task(out_key, _relabel, TaskRef(key), TaskRef(merge_key), b, dtype)
-        count_task = Task((f"{name}-count",), _count, TaskRef(merge_key))
-    layer = HighLevelGraph.from_collections(name, graph, dependencies=dependencies)
-    labels = da.Array(layer, name, chunks=x.chunks, dtype=dtype,
-                      meta=xp.empty((0,) * x.ndim, dtype=dtype))
+    name = "label-" + _graph.tokenize(x, structure, dtype, strict)
+    source = _graph.BlockSource(x)
+    dependencies = [] if source.held is not None else [x]
+    args = (name, source, x.numblocks, _MergePlan(x.shape, x.chunks, structure, dtype),
+            _LocalLabels(structure, strict), dtype)
+    local = local_shape(xp)
+    labels = _graph.chosen_array(
+        name, local=functools.partial(_tasks, *args, local),
+        cluster=functools.partial(_tasks, *args, "per block, summaries"), chunks=x.chunks,
+        dtype=dtype, meta=_graph.meta(x, dtype), dependencies=dependencies)
     count_name = f"{name}-count"
-    count_graph = {(count_name,): count_task}
-    count_layer = HighLevelGraph.from_collections(count_name, count_graph, dependencies=[labels])
-    count = da.Array(count_layer, count_name, chunks=(), dtype=np.intp,
-                     meta=np.empty((), dtype=np.intp))
+    count = _graph.chosen_array(
+        count_name, local=functools.partial(_count_tasks, name, x.numblocks, local),
+        cluster=functools.partial(_count_tasks, name, x.numblocks, "per block"), chunks=(),
+        dtype=np.intp, meta=np.empty((), dtype=np.intp), dependencies=[labels])
     return labels, count
+
+
+def local_shape(xp) -> str:
+    """The shape of the label's graph under a local scheduler (:func:`_tasks`): ``"one task"``
+    for CuPy blocks, ``"per block"`` for NumPy blocks (labelled by SciPy, which releases the
+    GIL, in parallel)."""
+    return "one task" if xp is not np else "per block"
+
+
+def _tasks(name, source, numblocks, merge_plan, local, dtype, shape) -> dict:
+    """The label's tasks, in one of three shapes:
+
+    * ``"one task"``: steps 1 to 3 in one task (:func:`_label_blocks`), each chunk's task
+      picking its labels: CuPy blocks under a local scheduler. Their labelling only queues
+      kernels, and blocks of one layout share each launch (a batch, :meth:`_LocalLabels.many`),
+      so a task per block would add Dask's handling of a task, which costs the host more than
+      the launches, once per block and buy no parallelism; the summaries and the merge stay on
+      the device either way;
+    * ``"per block"``: a local labelling per block, one merge, a relabel per block: NumPy blocks
+      under a local scheduler, labelled by SciPy in parallel;
+    * ``"per block, summaries"``: the same, with a task per block that keeps only its summary,
+      so that on a cluster only the summaries travel to the merge's worker, not every chunk's
+      labels.
+    """
+    from chunkernels import _graph
+
+    tasks = _graph.Tasks()
+    merge_key = (f"{name}-merge",)
+    indices = list(np.ndindex(*numblocks))
+    if shape == "one task":
+        merged = tasks.add(merge_key, _label_blocks, merge_plan, local, dtype,
+                           tasks.items(source.arg(index) for index in indices))
+        for b, index in enumerate(indices):
+            tasks.add((name, *index), _pick, merged, b)
+        return tasks.graph
+    locals_ = [tasks.add((f"{name}-local", *index), local, source.arg(index))
+               for index in indices]
+    merged_from = locals_
+    if shape == "per block, summaries":
+        merged_from = [tasks.add((f"{name}-summary", *index), _summary_of, ref)
+                       for index, ref in zip(indices, locals_)]
+    merged = tasks.add(merge_key, _merge_task, merge_plan, tasks.items(merged_from))
+    for b, (index, ref) in enumerate(zip(indices, locals_)):
+        tasks.add((name, *index), _relabel, ref, merged, b, dtype)
+    return tasks.graph
+
+
+def _count_tasks(name, numblocks, shape) -> dict:
+    """The task giving the number of labels, for the labels' tasks of ``shape``
+    (:func:`_tasks`)."""
+    from chunkernels import _graph
+
+    tasks = _graph.Tasks()
+    merged = tasks.ref((f"{name}-merge",))
+    if shape == "one task":
+        picks = tasks.items(tasks.ref((name, *index)) for index in np.ndindex(*numblocks))
+        tasks.add((f"{name}-count",), _count_labelled, merged, picks)
+    else:
+        tasks.add((f"{name}-count",), _count, merged)
+    return tasks.graph
 
 
 def dask_graph(x, *, strict=False, structure, dtype=None):

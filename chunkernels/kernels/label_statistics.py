@@ -563,10 +563,10 @@ def as_dask_operand(a, x):
     chunks and chunk type."""
     import dask.array as da
 
-    from chunkernels._apply import _is_dask
+    from chunkernels._graph import is_dask
 
     xp = cuda.array_module(x)
-    if not _is_dask(a):
+    if not is_dask(a):
         a = xp.asarray(a.get() if cuda.is_cupy_array(a) and xp is np else a)
         return da.from_array(xp.broadcast_to(a, x.shape), chunks=x.chunks, asarray=False)
     if cuda.array_module(a) is not xp:
@@ -575,39 +575,6 @@ def as_dask_operand(a, x):
     if a.shape != x.shape:
         a = da.broadcast_to(a, x.shape)
     return a.rechunk(x.chunks) if a.chunks != x.chunks else a
-
-
-def block_graph(label, x, labels, block_task, combine_task, *, token, chunks, dtype, meta):
-    """A Dask array computed by one task per block and one combine task.
-
-    ``block_task(origin, x_block, labels_block)`` runs on every block pair (``labels`` is chunked
-    like ``x``), ``origin`` being the block's global coordinates; ``combine_task(list)`` gets
-    their results in block order and returns the single block of the result, whose ``chunks``
-    are one chunk per axis. Blocks already in memory go into the tasks, as ``apply`` does.
-    """
-    import dask.array as da
-    from dask._task_spec import List, Task, TaskRef
-    from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
-
-    from chunkernels._apply import _in_memory_blocks
-
-    name = f"{label}-{tokenize(x, labels, token)}"
-    starts = [np.cumsum((0,) + c[:-1]).tolist() for c in x.chunks]
-    inputs = [(a.name, _in_memory_blocks(a)) for a in (x, labels)]
-    graph, refs = {}, []
-    for index in np.ndindex(*x.numblocks):
-        args = [TaskRef((n, *index)) if blocks is None else blocks[(n, *index)]
-                for n, blocks in inputs]
-        key = (f"{name}-block", *index)
-        origin = tuple(int(s[i]) for s, i in zip(starts, index))
-        graph[key] = Task(key, block_task, origin, *args)
-        refs.append(TaskRef(key))
-    out = (name, *(0,) * len(chunks))
-    graph[out] = Task(out, combine_task, List(*refs))
-    deps = [a for a, (_, blocks) in zip((x, labels), inputs) if blocks is None]
-    layer = HighLevelGraph.from_collections(name, graph, dependencies=deps)
-    return da.Array(layer, name, chunks=chunks, dtype=dtype, meta=meta)
 
 
 def _block_rows(params, strict, origin, x, labels):
@@ -630,10 +597,12 @@ def dask_graph(x, labels, *, strict=False, stats, select="labels", index=None, o
     labels = as_dask_operand(labels, x)
     params = {"stats": stats, "select": select, "index": index, "shape": x.shape,
               "rank": x.ndim}
+    from chunkernels._graph import blocks_then_combine
+
     lay = Layout.of(stats, x.ndim)
     n = slot_count(select, index)
-    return block_graph(
-        "label_statistics", x, labels, functools.partial(_block_rows, params, strict),
+    return blocks_then_combine(
+        "label_statistics", x, [labels], functools.partial(_block_rows, params, strict),
         functools.partial(_combine_rows, params, (x.dtype, labels.dtype)),
         token=(params, strict), chunks=((math.nan if n is None else n,), (lay.ncols,)),
         dtype=np.float64, meta=cuda.array_module(x).empty((0, 0)))

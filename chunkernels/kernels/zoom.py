@@ -272,33 +272,30 @@ def dask_graph(x, *, strict=False, taps, weights, cval=0.0, dtype=None, chunks=N
     """The zoom of a Dask array: one task per output block, which reads only the input blocks
     (and within them only the slices) its taps touch."""
     import dask.array as da
-    from dask._task_spec import Task, TaskRef
-    from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
+
+    from chunkernels import _graph
 
     out_shape = tuple(len(t) for t in taps)
     dtype = np.dtype(x.dtype if dtype is None else dtype)
     if chunks is None:
         chunks = default_chunks(taps, x.chunks)
     chunks = da.core.normalize_chunks(chunks, out_shape, dtype=dtype)
-    name = "zoom-" + tokenize(x, taps, weights, cval, dtype, chunks, strict)
+    name = "zoom-" + _graph.tokenize(x, taps, weights, cval, dtype, chunks, strict)
     bounds = [np.concatenate([[0], np.cumsum(c)]).astype(np.int64) for c in chunks]
     reads = [[_axis_reads(t[lo:hi], x.chunks[a]) for lo, hi in zip(b[:-1], b[1:])]
              for a, (t, b) in enumerate(zip(taps, bounds))]
-    graph = {}
+    tasks = _graph.Tasks()
+    tasks.read(x)  # referenced, never inlined: several output blocks read one input block
     for index in np.ndindex(*(len(c) for c in chunks)):
         per_axis = [reads[a][i] for a, i in enumerate(index)]
         segments = tuple(segs for segs, _ in per_axis)
         params = {"taps": tuple(local for _, local in per_axis),
                   "weights": tuple(w[b[i]:b[i + 1]] for w, b, i in zip(weights, bounds, index)),
                   "cval": cval, "dtype": dtype}
-        refs = [TaskRef((x.name, *(segments[a][i][0] for a, i in enumerate(ix))))
+        refs = [tasks.ref((x.name, *(segments[a][i][0] for a, i in enumerate(ix))))
                 for ix in np.ndindex(*(len(s) for s in segments))]
-        key = (name, *index)
-        graph[key] = Task(key, _block_task, strict, _BlockPlan(segments, params), *refs)
-    layer = HighLevelGraph.from_collections(name, graph, dependencies=[x])
-    meta = cuda.array_module(x).empty((0,) * x.ndim, dtype=dtype)
-    return da.Array(layer, name, chunks=chunks, dtype=dtype, meta=meta)
+        tasks.add((name, *index), _block_task, strict, _BlockPlan(segments, params), *refs)
+    return tasks.array(name, chunks, dtype, _graph.meta(x, dtype))
 
 
 def _validate(ndim, *, taps, weights, cval=0.0, dtype=None, chunks=None):

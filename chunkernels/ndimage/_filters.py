@@ -14,7 +14,8 @@ import numbers
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels._apply import _is_dask, apply
+from chunkernels._apply import apply
+from chunkernels._graph import is_dask
 from chunkernels.interop import accepts_tensors
 from chunkernels.ndimage import _support as S
 
@@ -416,7 +417,7 @@ def gaussian_gradient_magnitude(input, sigma, output=None, mode="reflect", cval=
 
 def as_input(input):
     """``input`` itself if it is a NumPy, CuPy or Dask array, else ``numpy.asarray(input)``."""
-    if isinstance(input, np.ndarray) or cuda.is_cupy_array(input) or _is_dask(input):
+    if isinstance(input, np.ndarray) or cuda.is_cupy_array(input) or is_dask(input):
         return input
     return np.asarray(input)
 
@@ -435,7 +436,7 @@ def _filter(kernel, input, output, *, promotes=None, **params):
     """
     x = as_input(input)
     S.check_dtype(x.dtype)
-    if _is_dask(x) and S.is_array(output):
+    if is_dask(x) and S.is_array(output):
         raise TypeError(f"output= cannot be an array for a Dask input (the result is lazy); "
                         f"pass a dtype, e.g. output={output.dtype.name!r}")
     weights = params.get("weights")

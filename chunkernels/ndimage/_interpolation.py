@@ -18,7 +18,8 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from chunkernels import cuda
-from chunkernels._apply import _is_dask, apply
+from chunkernels._apply import apply
+from chunkernels._graph import is_dask
 from chunkernels.interop import accepts_tensors
 
 #: Edge modes, as scipy.ndimage spells them.
@@ -256,7 +257,7 @@ def _zoom_tables(in_shape, out_shape, order, mode, grid_mode, npad):
 
 def _as_array(a):
     """``a`` as NumPy, CuPy or Dask array (lists and scalars become NumPy arrays)."""
-    return a if _is_dask(a) or cuda.is_cupy_array(a) or isinstance(a, np.ndarray) else np.asarray(a)
+    return a if is_dask(a) or cuda.is_cupy_array(a) or isinstance(a, np.ndarray) else np.asarray(a)
 
 
 def _check_dtype(dtype, what):
@@ -277,7 +278,7 @@ def _output(output, x, shape):
     if output is None:
         return x.dtype, None
     if not isinstance(output, type | np.dtype | str) and hasattr(output, "shape"):
-        if _is_dask(x) or _is_dask(output):
+        if is_dask(x) or is_dask(output):
             raise TypeError("output arrays are not supported for Dask arrays: pass a dtype "
                             "(output=numpy.float32) and store the lazy result where you want it")
         if tuple(output.shape) != tuple(shape):
@@ -329,7 +330,7 @@ def _prepad(x, mode, cval):
     if mode not in _PREPADDED:
         return x, 0
     kwargs = {"mode": "edge"} if mode == "nearest" else {"mode": "constant", "constant_values": cval}
-    if not _is_dask(x):
+    if not is_dask(x):
         return cuda.array_module(x).pad(x, PREPAD, **kwargs), PREPAD
     import dask.array as da
 
@@ -354,9 +355,9 @@ def _coefficients(x, order, mode, dtype, axes=None):
     their neighbours until each is at least as wide: a block's halo then comes from its two
     neighbours alone, where one-sample chunks would make every block gather dozens of them.
     """
-    if _is_dask(x) and x.size == 0:  # nothing to filter; Dask's rechunk would drop CuPy's meta
+    if is_dask(x) and x.size == 0:  # nothing to filter; Dask's rechunk would drop CuPy's meta
         return x.astype(dtype)
-    if _is_dask(x):
+    if is_dask(x):
         from chunkernels.kernels.spline_filter import depth
 
         d = depth(order, dtype)
@@ -409,7 +410,7 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
         return _store(x.astype(dtype, copy=True), out)
     if math.prod(out_shape) == 0:  # nothing to interpolate (nor any block to plan)
         empty = cuda.array_module(x).empty(out_shape, dtype=dtype)
-        if _is_dask(x):
+        if is_dask(x):
             import dask.array as da
 
             return da.from_array(empty, chunks=-1, asarray=False)
@@ -428,7 +429,7 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
     taps, weights = zoom_tables(x.shape, out_shape, order=order, mode=checked,
                                 grid_mode=grid_mode, npad=npad)
     chunks = None
-    if _is_dask(x):
+    if is_dask(x):
         from chunkernels.kernels.zoom import default_chunks
 
         chunks = default_chunks(taps, _padded_chunks(x.chunks, npad))

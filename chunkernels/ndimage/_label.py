@@ -12,7 +12,7 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels import cuda
-from chunkernels._apply import _is_dask
+from chunkernels._graph import is_dask
 from chunkernels.interop import accepts_tensors
 from chunkernels.kernels import label as K
 from chunkernels.ndimage import _wrap as W
@@ -83,7 +83,7 @@ def label(input, structure=None, output=None, wrap_axes=None):
     wrap = W.check_wrap_axes(wrap_axes, x.ndim)
     if wrap and x.size:
         return _label_wrapped(x, structure, dtype, target, wrap)
-    if _is_dask(x):
+    if is_dask(x):
         return K.plan(x, structure, dtype)
     if cuda.is_cupy_array(x):
         if target is not None:
@@ -108,7 +108,7 @@ def _label_wrapped(x, structure, dtype, target, wrap):
     """:func:`label` with ``wrap_axes``: the labels as scipy finds them, in a dtype that holds
     any number of them, then joined across the wrapped edges (:mod:`._wrap`)."""
     work = K.default_dtype(x.size)
-    if _is_dask(x):
+    if is_dask(x):
         return W.wrapped_dask(*K.plan(x, structure, work), structure, wrap, dtype)
     labels, count = label(x, structure, work)
     labels, count = W.wrapped(labels, count, structure, wrap, dtype)
@@ -148,7 +148,7 @@ def _output(output, x):
     if output is None:
         return K.default_dtype(x.size), None
     if hasattr(output, "shape") and not isinstance(output, type | np.dtype):
-        if _is_dask(x) or _is_dask(output):
+        if is_dask(x) or is_dask(output):
             raise TypeError("output= cannot be an array for a Dask input (the labels are "
                             "lazy); pass a dtype, e.g. output=numpy.int64, and store the result "
                             "where you want it")

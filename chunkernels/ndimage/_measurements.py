@@ -23,8 +23,8 @@ import operator
 import numpy as np
 import scipy.ndimage as ndi
 
-from chunkernels import cuda
-from chunkernels._apply import _is_dask
+from chunkernels import _graph, cuda
+from chunkernels._graph import is_dask
 from chunkernels.kernels import label_statistics as LS
 from chunkernels.ndimage._filters import as_input
 
@@ -73,7 +73,7 @@ def _query(name, input, labels, index=None, *, complex_ok=False):
     if lab is not None and lab.dtype.kind not in "biuf":
         raise TypeError(f"{name}: labels must be a boolean, integer or float array; got dtype "
                         f"{lab.dtype}")
-    dask = _is_dask(x) or _is_dask(lab)
+    dask = is_dask(x) or is_dask(lab)
     backend = "dask" if dask else "cupy" if cuda.is_cupy_array(x) else "numpy"
     if x.dtype.kind == "c" and backend != "numpy" and not complex_ok:
         raise TypeError(f"{name}: complex input is not supported here (scipy.ndimage takes it "
@@ -98,7 +98,7 @@ def _query(name, input, labels, index=None, *, complex_ok=False):
     if backend == "dask":
         import dask.array as da
 
-        if not _is_dask(x):
+        if not is_dask(x):
             x = da.from_array(x, chunks=lab.chunks if lab.shape == x.shape else "auto",
                               asarray=False)
         if x.shape != shape:
@@ -124,7 +124,7 @@ def _host(a):
     """A small array argument (the index) on the host."""
     if isinstance(a, range):  # numpy.asarray would walk it item by item
         return np.arange(a.start, a.stop, a.step)
-    if _is_dask(a):
+    if is_dask(a):
         a = a.compute()
     return np.asarray(a.get() if cuda.is_cupy_array(a) else a)
 
@@ -207,18 +207,9 @@ def _result(q, stats, fmt, dtype, shape=None):
 
 def _lazy(fn, table, shape, dtype):
     """A Dask array of one task computing ``fn(table)`` (the table's single block)."""
-    import dask.array as da
-    from dask._task_spec import Task, TaskRef
-    from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
-
-    name = f"{getattr(fn, 'func', fn).__name__.strip('_')}-{tokenize(fn, table)}"
-    key = (name, *(0,) * len(shape))
-    graph = {key: Task(key, fn, TaskRef((table.name, *(0,) * table.ndim)))}
-    layer = HighLevelGraph.from_collections(name, graph, dependencies=[table])
     xp = np if np.dtype(dtype) == object else cuda.array_module(table)
-    return da.Array(layer, name, chunks=tuple((n,) for n in shape), dtype=dtype,
-                    meta=xp.empty((0,) * len(shape), dtype=dtype))
+    return _graph.of_single_block(fn, table, shape, dtype,
+                                  xp.empty((0,) * len(shape), dtype=dtype))
 
 
 def _sum_dtype(dtype) -> np.dtype:
@@ -623,13 +614,13 @@ def find_objects(input, max_label=0):
         raise TypeError(f"find_objects: the largest value of {x.dtype} labels is no label "
                         f"number; give max_label= (boolean and float labels are then truncated "
                         f"to integers, as scipy does), or integer labels")
-    if not (_is_dask(x) or cuda.is_cupy_array(x)):
+    if not (is_dask(x) or cuda.is_cupy_array(x)):
         return ndi.find_objects(x, max_label)
     if x.dtype.kind not in "iu":
         x = x.astype(np.int64)
     if max_label < 1 and x.size == 0:
         raise ValueError(_EMPTY.format("maximum"))
-    q = _Query("dask" if _is_dask(x) else "cupy", x, x, x.dtype, x.shape)
+    q = _Query("dask" if is_dask(x) else "cupy", x, x, x.dtype, x.shape)
     if max_label < 1 and q.backend == "cupy":
         max_label = int(x.max())
     if max_label >= 1:
@@ -673,9 +664,9 @@ def _per_block(q, label, block_fn, combine_fn, shape, dtype, token):
         with _device(q):
             return combine_fn([block_fn((0,) * len(q.shape), q.x, q.labels)])
     xp = np if np.dtype(dtype) == object else cuda.array_module(q.x)
-    return LS.block_graph(label, q.x, q.labels, block_fn, combine_fn, token=token,
-                          chunks=tuple((n,) for n in shape), dtype=dtype,
-                          meta=xp.empty((0,) * len(shape), dtype=dtype))
+    return _graph.blocks_then_combine(label, q.x, [q.labels], block_fn, combine_fn, token=token,
+                                      chunks=tuple((n,) for n in shape), dtype=dtype,
+                                      meta=xp.empty((0,) * len(shape), dtype=dtype))
 
 
 def _selected(select, keys, shape, positions, origin, x, labels):

@@ -107,21 +107,20 @@ def wrapped_dask(labels, count, structure, wrap, dtype):
     slices) and makes the table; a task per chunk maps its labels through it."""
     import dask.array as da
     from dask import delayed
-    from dask._task_spec import Task, TaskRef
-    from dask.base import tokenize
-    from dask.highlevelgraph import HighLevelGraph
+
+    from chunkernels import _graph
 
     faces = [labels[s] for pair in edge_pairs(labels.shape, structure, wrap) for s in pair]
-    name = f"label-wrap-{tokenize(labels, count, structure, wrap, dtype)}"
+    name = f"label-wrap-{_graph.tokenize(labels, count, structure, wrap, dtype)}"
     merged = delayed(_merge_faces, pure=True)(count, np.dtype(dtype), *faces,
                                                dask_key_name=f"{name}-table")
-    graph = {}
+    tasks = _graph.Tasks()
+    tasks.read(labels)
+    tasks.read(merged)
     for index in np.ndindex(*labels.numblocks):
-        key = (name, *index)
-        graph[key] = Task(key, _relabel, TaskRef((labels.name, *index)), TaskRef(merged.key))
-    layer = HighLevelGraph.from_collections(name, graph, dependencies=[labels, merged])
-    meta = cuda.array_module(labels._meta).empty((0,) * labels.ndim, dtype=dtype)
-    out = da.Array(layer, name, chunks=labels.chunks, dtype=dtype, meta=meta)
+        tasks.add((name, *index), _relabel, tasks.ref((labels.name, *index)),
+                  tasks.ref(merged.key))
+    out = tasks.array(name, labels.chunks, dtype, _graph.meta(labels, dtype))
     number = da.from_delayed(delayed(_number, pure=True)(merged), shape=(), dtype=np.intp,
                              meta=np.empty((), np.intp))
     return out, number

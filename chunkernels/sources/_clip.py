@@ -17,7 +17,8 @@ from typing import NamedTuple
 import numpy as np
 
 from chunkernels import cluster, cuda
-from chunkernels._apply import _in_memory_blocks, _is_dask, apply
+from chunkernels._apply import apply
+from chunkernels._graph import in_memory_blocks, is_dask
 from chunkernels.kernels import kappa_sigma_clip as ksc
 
 
@@ -114,10 +115,10 @@ def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
     (True, True)
     """
     kappa, max_iters = _check_arguments(kappa, max_iters)
-    if not (_is_dask(x) or cuda.is_cupy_array(x)):
+    if not (is_dask(x) or cuda.is_cupy_array(x)):
         x = np.asarray(x)
     ksc.check_dtype(x.dtype)
-    if _is_dask(x):
+    if is_dask(x):
         x = x.persist()
         result = _clip_dask(x, kappa, max_iters)
     elif cuda.is_cupy_array(x):
@@ -337,7 +338,7 @@ class _GraphPasses:
 
 
 def _clip_dask(x, kappa, max_iters) -> ClipResult:
-    blocks = _in_memory_blocks(x)
+    blocks = in_memory_blocks(x)
     if blocks and all(cuda.is_cupy_array(b) for b in blocks.values()):
         run = _DevicePasses(list(blocks.values()))
     else:

@@ -7,7 +7,8 @@ import numbers
 
 import numpy as np
 
-from chunkernels._apply import _is_dask, apply
+from chunkernels._apply import apply
+from chunkernels._graph import is_dask
 from chunkernels.sources._clip import ClipResult, _check_arguments, kappa_sigma_clip
 
 
@@ -36,7 +37,7 @@ def threshold(x, value):
     ValueError
         ``value`` is an array with dimensions.
     """
-    if not _is_dask(x) and not hasattr(x, "__cuda_array_interface__"):
+    if not is_dask(x) and not hasattr(x, "__cuda_array_interface__"):
         x = np.asarray(x)
     return apply(x, "threshold", value=value)
 
@@ -136,7 +137,7 @@ def find_sources(image, kappa=3.0, nsigma=5.0, structure=None):
                          f"(the lesson uses 5)")
     from chunkernels.ndimage import label, measure
 
-    if _is_dask(image):
+    if is_dask(image):
         image = image.persist()
     elif not hasattr(image, "__cuda_array_interface__"):
         image = np.asarray(image)

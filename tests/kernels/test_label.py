@@ -25,7 +25,7 @@ import chunkernels
 from chunkernels import CPUFallbackWarning, cuda, layout, ndimage
 from chunkernels.kernels import label as K
 from chunkernels.ndimage import LabelError
-from chunkernels.testing import assert_close, chunkings, to_device_view
+from chunkernels.testing import assert_close, chunkings, graph_on_a_cluster, to_device_view
 
 #: SciPy's test dtypes (scipy/ndimage/tests/__init__.py ``types``).
 TYPES = ("int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float32",
@@ -438,7 +438,7 @@ def test_one_task_labels_every_block_when_asked(monkeypatch):
     (their labelling only queues kernels), each chunk's task picking its labels, the count
     last. The same graph on NumPy blocks numbers as SciPy does, for every connectivity, 1-D to
     4-D, uneven chunks and slabs."""
-    monkeypatch.setattr(K, "_one_task_labels", lambda xp: True)
+    monkeypatch.setattr(K, "local_shape", lambda xp: "one task")
     x = da.from_array(np.random.default_rng(12).random((64, 64)) < 0.5, chunks=8).persist()
     labels, count = ndimage.label(x)
     graph = dict(labels.__dask_graph__())
@@ -461,7 +461,7 @@ def test_one_task_labels_every_block_when_asked(monkeypatch):
 
 def test_the_graph_labels_numpy_blocks_in_a_task_each():
     """NumPy blocks are labelled by SciPy, which releases the GIL: a task each, in parallel."""
-    assert not K._one_task_labels(np)
+    assert K.local_shape(np) == "per block"
 
 
 def _merged(x, s, chunks):
@@ -528,23 +528,28 @@ def test_labels_merged_away_between_labels_kept_on_one_line(backend):
 
 def test_on_a_cluster_of_processes():
     """The graph holds everything the tasks share: labels computed by worker processes, the
-    merge on one of them, are SciPy's."""
+    merge on one of them, are SciPy's. A graph built before the client exists spreads over the
+    workers too (its shape is chosen where it runs)."""
     from chunkernels import cluster
 
     x = np.random.default_rng(22).random((50, 60)) < 0.55
     expected, n = ndi.label(x, S22)
+    built_before = ndimage.label(da.from_array(x, chunks=(13, 17)), S22)
     with cluster.client(gpus=0, processes=True, n_workers=2, threads=1, dashboard_address=None):
         for source in (da.from_array(x, chunks=(13, 17)),
                        da.from_array(x, chunks=(13, 17)).persist()):
             labels, count = ndimage.label(source, S22)
             # only the chunks' summaries travel to the merge, not their labels
-            graph = dict(labels.__dask_graph__())
+            graph = graph_on_a_cluster(labels)
             merge = next(task for key, task in graph.items() if key[0].endswith("-merge"))
             assert {k[0].rsplit("-", 1)[1] for k in merge.dependencies} == {"summary"}
             assert sum(k[0].startswith("label-") for k in graph) == 3 * source.npartitions + 1
             labels, count = dask.compute(labels, count)
             assert int(count) == n
             assert_close(labels, expected)
+        labels, count = dask.compute(*built_before)
+        assert int(count) == n
+        assert_close(labels, expected)
 
 
 def test_apply_and_registry():
@@ -908,7 +913,7 @@ def label_on_gpu_workers(workers, **cluster_kwargs):
         holders = {w for ws in c.who_has(futures_of(dx)).values() for w in ws}
         assert len(holders) == workers
         labels, number = ndimage.label(dx, S22)
-        graph = dict(labels.__dask_graph__())
+        graph = graph_on_a_cluster(labels)
         assert any(k[0].endswith("-summary") for k in graph)
         merge = next(k for k in graph if k[0].endswith("-merge"))
         assert isinstance(c.get(graph, merge), K._DeviceNumbering)  # merged on a worker's GPU

@@ -1,0 +1,655 @@
+"""The graph layer: the one module that turns chunkernels' work into Dask task graphs.
+
+Every task graph and every ``dask.array.Array`` the library makes is built here, from Dask's
+public task classes (:mod:`dask.task_spec`) and :class:`~dask.highlevelgraph.HighLevelGraph`
+layers. Kernels and front ends describe their tasks through :class:`Tasks` (a builder: tasks,
+references, blocks of the arrays they read) or through the shapes below; none of them imports
+Dask's task classes, and nothing imports ``dask._*``.
+
+Shapes every kernel shares:
+
+* :func:`map_blocks`: one task per block, blocks paired with their operands' (``map_blocks``);
+* :func:`reduce`: one task per block and one that combines their results;
+* :func:`blocks_then_combine`: the same with each block's global origin (measurements);
+* :func:`overlap`: a halo exchange (:mod:`chunkernels._halo` plans it and runs its tasks).
+
+**Graph shape is decided where the graph runs** (:func:`chosen_array`). Some work has two good
+graphs: on Dask's local schedulers, CuPy blocks already in memory run best as one task over many
+blocks (their launches only queue work on the device, and one task shares launches between
+blocks), while on a distributed cluster the same work must stay a task per block, run where
+each block lives. Which scheduler computes a graph is not known when it is built (a graph built
+before a client exists may be computed on it, and one built with a client may run on local
+threads), so such a layer is built when it is materialised: in the process that made it (a
+local scheduler) as the local shape; once serialised, on a distributed scheduler, as the
+cluster shape. Both shapes have the same output keys, chunks and meta.
+
+**Placement** (:func:`placement`): where the blocks of a persisted array live on a cluster, so
+that a halo exchange reads neighbours on the same worker in place and sends only the strips that
+cross workers, batched per pair of workers (:func:`overlap`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from chunkernels import _halo, cuda
+
+
+def is_dask(a) -> bool:
+    """Whether ``a`` is a Dask array (answered without importing Dask)."""
+    return type(a).__module__.startswith("dask.") and hasattr(a, "chunks") and hasattr(a, "dask")
+
+
+def tokenize(*args) -> str:
+    """Dask's deterministic token of ``args`` (names of the layers made here)."""
+    from dask.base import tokenize as dask_tokenize
+
+    return dask_tokenize(*args)
+
+
+def meta(x, dtype, ndim: int | None = None):
+    """An empty array of ``x``'s array type (NumPy or CuPy) and ``dtype``: a Dask ``meta``."""
+    return cuda.array_module(x).empty((0,) * (x.ndim if ndim is None else ndim), dtype=dtype)
+
+
+def in_memory_blocks(a) -> dict[tuple, Any] | None:
+    """The blocks of Dask array ``a`` by block index when every one is a NumPy or CuPy array held
+    in its graph (a persisted array on a local scheduler, ``from_array`` of an array), else None
+    (lazy blocks, or a distributed cluster's futures)."""
+    from dask.task_spec import DataNode
+
+    layer = a.dask.layers.get(a.name)
+    if layer is None or not layer.is_materialized() or len(layer) != a.npartitions:
+        return None
+    blocks = {}
+    for key, value in layer.items():
+        if isinstance(value, DataNode):
+            value = value.value
+        if not (isinstance(value, np.ndarray) or cuda.is_cupy_array(value)):
+            return None
+        blocks[key[1:]] = value
+    return blocks
+
+
+class BlockSource:
+    """What tasks need of a Dask array's blocks, without the array: its name and, when they are
+    in memory (:func:`in_memory_blocks`), the blocks. It pickles, so a layer built where it runs
+    (:func:`chosen_array`) can carry it."""
+
+    __slots__ = ("name", "held")
+
+    def __init__(self, a):
+        self.name = a.name
+        self.held = in_memory_blocks(a)
+
+    def arg(self, index: tuple):
+        """Block ``index`` as a task argument: the block when in memory, else a reference."""
+        if self.held is not None:
+            return self.held[index]
+        from dask.task_spec import TaskRef
+
+        return TaskRef((self.name, *index))
+
+    def __reduce__(self):
+        return _block_source, (self.name, self.held)
+
+
+def _block_source(name, held):
+    source = BlockSource.__new__(BlockSource)
+    source.name, source.held = name, held
+    return source
+
+
+class Tasks:
+    """The tasks of one new Dask layer, as they are described, and the collections they read.
+
+    ``add(key, fn, *args)`` makes a task; its arguments may hold :meth:`ref` (another task's
+    result), :meth:`call` (a task run inside the one that takes it), :meth:`items` (a list of
+    such values) and :meth:`block` (a block of a Dask array: the block itself when it is in
+    memory, else a reference, the array then becoming a dependency of the layer).
+    """
+
+    __slots__ = ("graph", "_reads", "_held")
+
+    def __init__(self):
+        self.graph: dict = {}
+        self._reads: dict[str, Any] = {}
+        self._held: dict[str, dict | None] = {}
+
+    def add(self, key, fn: Callable, *args, **kwargs):
+        """A task computing ``fn(*args, **kwargs)`` under ``key``; returns a reference to it."""
+        from dask.task_spec import Task
+
+        self.graph[key] = Task(key, fn, *args, **kwargs)
+        return self.ref(key)
+
+    @staticmethod
+    def ref(key):
+        """The result of the task ``key`` (of this layer or another), as an argument."""
+        from dask.task_spec import TaskRef
+
+        return TaskRef(key)
+
+    @staticmethod
+    def call(fn: Callable, *args):
+        """``fn(*args)`` run inside the task that takes it as an argument (no key of its own)."""
+        from dask.task_spec import Task
+
+        return Task(None, fn, *args)
+
+    @staticmethod
+    def items(values: Iterable):
+        """A list argument whose entries may be references or nested calls."""
+        from dask.task_spec import List
+
+        return List(*values)
+
+    def held(self, a) -> dict | None:
+        """:func:`in_memory_blocks` of Dask array ``a``, worked out once per layer."""
+        if a.name not in self._held:
+            self._held[a.name] = in_memory_blocks(a)
+        return self._held[a.name]
+
+    def block(self, a, index: tuple):
+        """Block ``index`` of Dask array ``a`` as an argument: the block when in memory (as
+        ``from_array(..., inline_array=True)`` puts it in its tasks: the local scheduler then has
+        no node per input block to order and release), else a reference to its key."""
+        blocks = self.held(a)
+        if blocks is not None:
+            return blocks[index]
+        self.read(a)
+        return self.ref((a.name, *index))
+
+    def read(self, collection) -> None:
+        """Make ``collection`` (a Dask array or Delayed) a dependency of the layer."""
+        self._reads.setdefault(collection.__dask_layers__()[0], collection)
+
+    @property
+    def dependencies(self) -> list:
+        return list(self._reads.values())
+
+    def array(self, name: str, chunks, dtype, meta):
+        """The Dask array whose blocks are this layer's tasks ``(name, *index)``."""
+        return _array(self.graph, name, chunks, dtype, meta, self.dependencies)
+
+
+def _array(layer, name, chunks, dtype, meta, dependencies):
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
+    return da.Array(graph, name, chunks=chunks, dtype=dtype, meta=meta)
+
+
+def block_args(x, ops: Sequence, tasks: Tasks) -> dict[tuple, list]:
+    """Per block index of ``x``, the arguments a task on that block takes: the blocks of ``x``
+    and of the operands ``ops``, paired right-aligned and broadcast along their single-chunk
+    axes, as ``map_blocks`` pairs them (alignment is checked before)."""
+    plans = []
+    for a in (x, *ops):
+        lead = x.ndim - a.ndim
+        plans.append((a, tuple(None if nb == 1 else lead + j for j, nb in enumerate(a.numblocks))))
+    return {index: [tasks.block(a, tuple(0 if ax is None else index[ax] for ax in axes))
+                    for a, axes in plans]
+            for index in np.ndindex(*x.numblocks)}
+
+
+def map_blocks(fn: Callable, name: str, x, ops: Sequence, dtype, meta):
+    """``da.map_blocks(fn, x, *ops)`` as one task per output block.
+
+    Same keys, chunks, dtype and meta as ``map_blocks``. Measured on an H100, optimising
+    ``map_blocks``' Blockwise layer costs Dask ~70 µs per chunk at persist time (fuse_roots,
+    blockwise materialisation), as much as the kernel on a 128 MiB chunk; a materialised layer
+    skips that work.
+    """
+    tasks = Tasks()
+    for index, args in block_args(x, ops, tasks).items():
+        tasks.add((name, *index), _labelled(fn, index), *args)
+    return tasks.array(name, x.chunks, dtype, meta)
+
+
+def reduce(fn: Callable, combine: Callable, name: str, x, ops: Sequence, *, chunks, dtype, meta):
+    """A reduction: ``fn`` on every block (its partial result), then one task
+    ``combine(partials)`` giving the single block of an array of ``chunks``."""
+    tasks = Tasks()
+    partials = [tasks.add((f"{name}-partial", *index), _labelled(fn, index), *args)
+                for index, args in block_args(x, ops, tasks).items()]
+    tasks.add((name, *(0,) * len(chunks)), combine, tasks.items(partials))
+    return tasks.array(name, chunks, dtype, meta)
+
+
+def blocks_then_combine(label: str, x, others: Sequence, block_task: Callable,
+                        combine_task: Callable, *, token, chunks, dtype, meta):
+    """A Dask array computed by one task per block and one combine task.
+
+    ``block_task(origin, x_block, *other_blocks)`` runs on every block (``others`` are chunked
+    like ``x``), ``origin`` being the block's global coordinates; ``combine_task(list)`` gets
+    their results in block order and returns the single block of the result (``chunks``: one
+    chunk per axis).
+    """
+    name = f"{label}-{tokenize(x, *others, token)}"
+    starts = [np.cumsum((0,) + c[:-1]).tolist() for c in x.chunks]
+    tasks = Tasks()
+    results = []
+    for index in np.ndindex(*x.numblocks):
+        origin = tuple(int(s[i]) for s, i in zip(starts, index))
+        args = [tasks.block(a, index) for a in (x, *others)]
+        results.append(tasks.add((f"{name}-block", *index), _labelled(block_task, index),
+                                 origin, *args))
+    tasks.add((name, *(0,) * len(chunks)), combine_task, tasks.items(results))
+    return tasks.array(name, chunks, dtype, meta)
+
+
+def of_single_block(fn: Callable, a, shape: tuple, dtype, meta):
+    """A Dask array of one block, ``fn`` of the single block of Dask array ``a``."""
+    name = f"{getattr(fn, 'func', fn).__name__.strip('_')}-{tokenize(fn, a)}"
+    tasks = Tasks()
+    tasks.add((name, *(0,) * len(shape)), fn, tasks.block(a, (0,) * a.ndim))
+    return tasks.array(name, tuple((n,) for n in shape), dtype, meta)
+
+
+def with_noop_tasks(collection):
+    """``collection`` (a Dask array) with every task's function replaced by one that returns at
+    once: what Dask's own handling of the graph costs (the benchmarks' "Dask alone" rows)."""
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
+    from dask.task_spec import Task
+
+    graph = collection.__dask_graph__()
+    layers = {name: MaterializedLayer({
+        key: Task(key, _noop, *node.args, **node.kwargs) if isinstance(node, Task) else node
+        for key, node in layer.items()}) for name, layer in graph.layers.items()}
+    return da.Array(HighLevelGraph(layers, graph.dependencies), collection.name,
+                    chunks=collection.chunks, dtype=collection.dtype, meta=collection._meta)
+
+
+def _noop(*args, **kwargs) -> None:
+    return None
+
+
+# -- errors that say which block -------------------------------------------------------------------
+
+
+class _Labelled:
+    """``fn`` run on ``where`` (a block index, or a text naming blocks): an exception it raises
+    carries a note naming the kernel (``about``, or ``fn``) and the block, keeping its type, so
+    that the client sees where it happened."""
+
+    __slots__ = ("fn", "where", "about")
+
+    def __init__(self, fn, where, about=None):
+        self.fn = fn
+        self.where = where
+        self.about = about
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.fn(*args, **kwargs)
+        except Exception as exc:
+            add_block_note(exc, self.fn if self.about is None else self.about, self.where)
+            raise
+
+    def __reduce__(self):
+        return _Labelled, (self.fn, self.where, self.about)
+
+
+def _labelled(fn, index, about=None) -> _Labelled:
+    return _Labelled(fn, tuple(int(i) for i in index), about)
+
+
+def add_block_note(exc: BaseException, about, where) -> None:
+    """Note on ``exc``, once, that it was raised by ``about`` (a kernel's block function, whose
+    spec names the kernel, a name, or any function) on ``where`` (a block index or a text)."""
+    spec = getattr(about, "spec", None)
+    if spec is not None:
+        what = f"kernel {spec.name!r}"
+    elif isinstance(about, str):
+        what = about
+    else:
+        what = getattr(about, "name", None) or getattr(getattr(about, "func", about),
+                                                        "__qualname__", "a task")
+    place = f"block {where}" if isinstance(where, tuple) else where
+    note = f"chunkernels: raised by {what} on {place}"
+    if note not in getattr(exc, "__notes__", ()):
+        exc.add_note(note)
+
+
+# -- graph shapes decided where the graph runs ---------------------------------------------------
+
+
+def chosen_array(name: str, *, local: Callable[[], dict], cluster: Callable[[], dict],
+                 chunks, dtype, meta, dependencies: Sequence = ()):
+    """A Dask array whose tasks ``local()`` builds when the graph is materialised in the process
+    that made it (Dask's local schedulers) and ``cluster()`` builds where it was sent (a
+    distributed scheduler). Both return ``{key: task}`` with the same output keys
+    ``(name, *index)``; ``cluster`` must pickle (a module-level function or a
+    ``functools.partial`` of one)."""
+    return _array(_chosen_layer_class()(local, cluster), name, chunks, dtype, meta,
+                  dependencies)
+
+
+@functools.cache
+def _chosen_layer_class():
+    """The layer class of :func:`chosen_array`, made on first use (it derives from Dask's
+    ``Layer``, and importing chunkernels imports no Dask)."""
+    from dask.highlevelgraph import Layer
+
+    class Chosen(Layer):
+        """A layer built when it is materialised: by ``local()`` where it was made, by
+        ``cluster()`` once serialised (see :func:`chosen_array`)."""
+
+        def __init__(self, local, cluster, remote=False, annotations=None):
+            super().__init__(annotations=annotations)
+            self.local = local
+            self.cluster = cluster
+            self.remote = remote
+            self._mapping = None
+
+        @property
+        def mapping(self) -> dict:
+            if self._mapping is None:
+                self._mapping = (self.cluster if self.remote else self.local)()
+            return self._mapping
+
+        def __getitem__(self, key):
+            return self.mapping[key]
+
+        def __iter__(self):
+            return iter(self.mapping)
+
+        def __len__(self):
+            return len(self.mapping)
+
+        def __contains__(self, key):
+            return key in self.mapping
+
+        def is_materialized(self) -> bool:
+            return self._mapping is not None
+
+        def get_output_keys(self):
+            return self.mapping.keys()
+
+        def __reduce__(self):
+            # serialised: on its way to a distributed scheduler, which builds the cluster shape
+            return _rebuild_chosen, (self.cluster, self.annotations)
+
+    Chosen.__name__ = Chosen.__qualname__ = "ChosenLayer"
+    return Chosen
+
+
+def _rebuild_chosen(cluster, annotations):
+    return _chosen_layer_class()(None, cluster, True, annotations)
+
+
+# -- placement on a cluster ------------------------------------------------------------------------
+
+
+def placement(a) -> dict[tuple, str] | None:
+    """Where the blocks of Dask array ``a`` live: ``{block index: worker address}`` when they
+    are futures of the current distributed client, each held by one worker, else None (lazy or
+    local blocks, or blocks held twice)."""
+    from chunkernels import cluster
+
+    client = cluster.current()
+    if client is None:
+        return None
+    layer = a.dask.layers.get(a.name)
+    if layer is None or not layer.is_materialized() or len(layer) != a.npartitions:
+        return None
+    from distributed import Future
+
+    futures = {}
+    for key, value in layer.items():
+        if not isinstance(value, Future):
+            return None
+        futures[key] = value
+    who = client.who_has(list(futures.values()))
+    out = {}
+    for key in futures:
+        holders = who.get(key) or ()
+        if len(holders) != 1:
+            return None
+        out[key[1:]] = holders[0]
+    return out
+
+
+class Pin:
+    """A layer annotation: the worker preferred for each key, ``key -> [address]`` (looked up by
+    the scheduler). Keys it does not know get no preference."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where: dict):
+        self.where = where
+
+    def __call__(self, key):
+        address = self.where.get(key)
+        return None if address is None else [address]
+
+    def __reduce__(self):
+        return Pin, (self.where,)
+
+
+# -- the halo exchange -------------------------------------------------------------------------------
+
+
+def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
+            boundary: tuple[str, ...], dtype, meta):
+    """``fn`` over ``x`` (and same-chunked ``ops``) with a halo of ``depth``; a Dask array.
+
+    ``fn(block, *operand_blocks)`` receives each block extended by its halo and returns a result
+    of the same shape; the result's core region becomes the output block. ``boundary[a]`` is
+    ``"none"`` (no halo beyond the array's edge: the kernel applies its own edge mode there) or
+    ``"periodic"`` (the halo wraps around) for each axis ``a``. The graph's shape, see
+    :mod:`chunkernels._halo`:
+
+    * inputs persisted on the current cluster, each block on one worker: a kernel task per block
+      reads its neighbours on the same worker in place, and the strips that cross workers
+      travel in one batch per pair of workers (:func:`_placed_graph`);
+    * otherwise, built where the graph is materialised (:func:`chosen_array`): locally, CuPy
+      blocks in memory run in group tasks, other blocks a task each (strip tasks for lazy
+      inputs); on a cluster, a task per block with strip tasks for lazy inputs.
+    """
+    inputs = (x, *ops)
+    held = [in_memory_blocks(a) for a in inputs]
+    dependencies = [a for a, blocks in zip(inputs, held) if blocks is None]
+    chunks = tuple(map(tuple, x.chunks))
+    if dependencies:
+        where = _common_placement(inputs)
+        if where is not None:
+            return _array(_placed_graph(fn, name, inputs, where, chunks, depth, boundary), name,
+                          x.chunks, dtype, meta, dependencies)
+    itemsize = np.dtype(dtype).itemsize
+    names = [a.name for a in inputs]
+    args = (fn, name, names, held, chunks, tuple(depth), tuple(boundary))
+    return chosen_array(
+        name, local=functools.partial(_overlap_local, *args, itemsize),
+        cluster=functools.partial(_overlap_blocks, *args), chunks=x.chunks, dtype=dtype,
+        meta=meta, dependencies=dependencies)
+
+
+def _common_placement(inputs) -> dict | None:
+    """:func:`placement` of the first input when every input's block of each index lives on
+    the same worker, else None."""
+    where = placement(inputs[0])
+    if where is None:
+        return None
+    for a in inputs[1:]:
+        other = placement(a)
+        if other != where:
+            return None
+    return where
+
+
+def _overlap_jobs(fn, name, names, held, chunks, depth, boundary):
+    """The tasks of a halo exchange before their grouping: strip tasks (lazy inputs) and, per
+    output key, ``(plan, cores, pieces)`` (``(None, cores)`` for an empty block)."""
+    tasks = Tasks()
+    strip_names = [f"{name}-strips-{i}" for i in range(len(names))]
+    lazy = any(blocks is None for blocks in held)
+    pack = tasks.items if lazy else tuple  # plain tuples unless they hold references
+    targets, cuts = _halo.plans(chunks, depth, boundary, lazy)
+    for source, wanted in cuts.items():
+        ranges = tuple(wanted)  # insertion order: the positions handed out in the plans
+        for inp, blocks, strips in zip(names, held, strip_names):
+            if blocks is None:
+                tasks.add((strips, *source), _halo.cut, tasks.ref((inp, *source)), ranges)
+    jobs = {}
+    for index, target in targets.items():
+        cores = pack([tasks.ref((inp, *index)) if blocks is None else blocks[index]
+                      for inp, blocks in zip(names, held)])
+        if target is None:
+            jobs[(name, *index)] = (None, cores)
+            continue
+        plan, placements = target
+        pieces = []
+        for blocks, strips in zip(held, strip_names):
+            if blocks is None:  # the strip tasks' outputs, picked in placement order
+                sources = list(dict.fromkeys(source for source, *_ in placements))
+                refs = tasks.items(tasks.ref((strips, *s)) for s in sources)
+                picks = tuple((sources.index(s), cuts[s][c]) for s, c, _, _ in placements)
+                pieces.append(tasks.call(_halo.pick, refs, picks))
+            else:  # the blocks in memory, not cut: the gather reads the pieces in place
+                pieces.append(tuple([_halo.Held(blocks[s], c) for s, _, c, _ in placements]))
+        jobs[(name, *index)] = (plan, cores, pack(pieces))
+    return tasks, jobs
+
+
+def _overlap_blocks(fn, name, names, held, chunks, depth, boundary) -> dict:
+    """A task per output block (and strip tasks for lazy inputs)."""
+    tasks, jobs = _overlap_jobs(fn, name, names, held, chunks, depth, boundary)
+    for key, job in jobs.items():
+        if job[0] is None:
+            tasks.add(key, _halo.call, fn, job[1])
+        else:
+            tasks.add(key, _labelled(_halo.extend_and_run, key[1:], fn), fn, *job)
+    return tasks.graph
+
+
+def _overlap_local(fn, name, names, held, chunks, depth, boundary, itemsize) -> dict:
+    """Under a local scheduler: CuPy blocks in memory run in group tasks
+    (:func:`_halo.group_blocks`); anything else a task per block."""
+    if not _halo.group_blocks(held):
+        return _overlap_blocks(fn, name, names, held, chunks, depth, boundary)
+    tasks, jobs = _overlap_jobs(fn, name, names, held, chunks, depth, boundary)
+    sizes = {key: itemsize * math.prod(c[i] for c, i in zip(chunks, key[1:])) for key in jobs}
+    group, size = [], 0
+
+    def close():
+        key = (f"{name}-group", len(tasks.graph))
+        members = tuple(group)
+        where = f"blocks {members[0][1:]} to {members[-1][1:]} (one task)"
+        ref = tasks.add(key, _Labelled(_halo.run_group, where, fn), fn,
+                        tuple(jobs[k] for k in members))
+        for position, k in enumerate(members):
+            tasks.add(k, _halo.picked, ref, position)
+
+    for key in jobs:
+        if group and size + sizes[key] > _halo.GROUP_BYTES:
+            close()
+            group, size = [], 0
+        group.append(key)
+        size += sizes[key]
+    if group:
+        close()
+    return tasks.graph
+
+
+def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
+    """The halo exchange over inputs persisted on a cluster (``where``: each block index's
+    worker). A kernel task per block reads the pieces its halo needs from blocks on its own
+    worker in place (no copy, no transfer); the pieces held by other workers are cut by one
+    task per (source worker, destination worker) pair, so that each pair exchanges one message
+    per run, and each kernel task picks its pieces from it. Every task prefers the worker of the
+    blocks it reads (a layer annotation; a lost worker's tasks still run elsewhere)."""
+    from dask.highlevelgraph import MaterializedLayer
+
+    names = [a.name for a in inputs]
+    targets, _ = _halo.plans(chunks, depth, boundary, False)
+    tasks = Tasks()
+    # per (source worker, destination worker): the (input, source index, cut) pieces, in order
+    batches: dict[tuple[str, str], dict[tuple, int]] = {}
+    for index, target in targets.items():
+        if target is None:
+            continue
+        _, placements = target
+        here = where[index]
+        for source, ranges, _, _ in placements:
+            there = where[source]
+            if there != here:
+                wanted = batches.setdefault((there, here), {})
+                for i in range(len(names)):
+                    wanted.setdefault((i, source, ranges), len(wanted))
+    batch_keys = {}
+    pins = {}
+    for (there, here), wanted in batches.items():
+        key = (f"{name}-batch", len(batch_keys))
+        batch_keys[(there, here)] = key
+        sources = list(dict.fromkeys((i, s) for i, s, _ in wanted))
+        refs = tasks.items(tasks.ref((names[i], *s)) for i, s in sources)
+        cuts = tuple((sources.index((i, s)), c) for i, s, c in wanted)
+        tasks.add(key, _halo.cut_many, refs, cuts)
+        pins[key] = there
+    for index, target in targets.items():
+        key = (name, *index)
+        pins[key] = where[index]
+        cores = tasks.items(tasks.ref((n, *index)) for n in names)
+        if target is None:
+            tasks.add(key, _halo.call, fn, cores)
+            continue
+        plan, placements = target
+        here = where[index]
+        pieces = []
+        for i, n in enumerate(names):
+            own = []
+            for source, ranges, cut, _ in placements:
+                there = where[source]
+                if there == here:
+                    own.append(tasks.call(_halo.Held, tasks.ref((n, *source)), cut))
+                else:
+                    position = batches[(there, here)][(i, source, ranges)]
+                    own.append(tasks.call(_halo.picked, tasks.ref(batch_keys[(there, here)]),
+                                          position))
+            pieces.append(tasks.items(own))
+        tasks.add(key, _labelled(_halo.extend_and_run, index, fn), fn, plan, cores,
+                  tasks.items(pieces))
+    return MaterializedLayer(tasks.graph, annotations={"workers": Pin(pins),
+                                                        "allow_other_workers": True})
+
+
+def persist_blocks(a, blocks_by_worker: dict[str, list[tuple]], client):
+    """Dask array ``a`` computed on ``client``'s workers, each worker making the blocks of its
+    list (a preference: a lost worker's blocks are made elsewhere): a Dask array of the same
+    chunks and meta whose blocks are those futures. Blocks already computed on the cluster
+    (futures) are copied to their worker by a task each, under a new name."""
+    from distributed import Future, futures_of
+
+    layer = a.dask.layers.get(a.name)
+    computed = (layer is not None and layer.is_materialized() and len(layer) == a.npartitions
+                and all(isinstance(v, Future) for v in layer.values()))
+    name = f"placed-{a.name}" if computed else a.name
+    futures = {}
+    if computed:
+        for worker, indices in blocks_by_worker.items():
+            for index in indices:
+                futures[(name, *index)] = client.submit(
+                    _same, layer[(a.name, *index)], key=(name, *index), workers=[worker],
+                    allow_other_workers=True, pure=False)
+    else:
+        delayed = a.to_delayed(optimize_graph=True)
+        for worker, indices in blocks_by_worker.items():
+            if indices:
+                parts = client.persist([delayed[index] for index in indices], workers=[worker],
+                                       allow_other_workers=True)
+                for index, part in zip(indices, parts):
+                    (futures[(name, *index)],) = futures_of(part)
+    return _array(futures, name, a.chunks, a.dtype, a._meta, [])
+
+
+def _same(block):
+    return block
