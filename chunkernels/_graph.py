@@ -418,21 +418,45 @@ def placement(a) -> dict[tuple, str] | None:
     return out
 
 
-class Pin:
-    """A layer annotation: the worker preferred for each key, ``key -> [address]`` (looked up by
-    the scheduler). Keys it does not know get no preference."""
+def tiles(numblocks: Sequence[int], n: int) -> dict[tuple, int]:
+    """Each block index's tile, ``0 <= tile < n``: contiguous tiles of blocks, balanced.
 
-    __slots__ = ("where",)
+    Where ``n`` factors over the axes into tiles of equal block counts, the factorisation with
+    the least cut between tiles (the block faces a halo exchange sends across) wins, the first
+    axes cut first (slabs of C order). Otherwise the blocks in C order are cut into ``n`` runs
+    whose lengths differ by at most one. Tiles are numbered in C order of their position.
+    """
+    if n < 1:
+        raise ValueError(f"tiles for n={n} workers; expected at least one")
+    numblocks = tuple(int(b) for b in numblocks)
+    total = math.prod(numblocks)
+    best = None
+    for factors in _factorisations(n, len(numblocks)):
+        if all(b % f == 0 for b, f in zip(numblocks, factors)):
+            cut = sum((f - 1) * total // b for f, b in zip(factors, numblocks) if b)
+            rank = (cut, tuple(-f for f in factors))  # ties: cut the first axes first
+            if best is None or rank < best[0]:
+                best = (rank, factors)
+    indices = list(np.ndindex(*numblocks))
+    if best is not None:
+        factors = best[1]
+        sizes = [b // f for b, f in zip(numblocks, factors)]
+        return {index: int(np.ravel_multi_index(tuple(i // s for i, s in zip(index, sizes)),
+                                                factors)) for index in indices}
+    return {index: min(n - 1, position * n // max(total, 1))
+            for position, index in enumerate(indices)}
 
-    def __init__(self, where: dict):
-        self.where = where
 
-    def __call__(self, key):
-        address = self.where.get(key)
-        return None if address is None else [address]
-
-    def __reduce__(self):
-        return Pin, (self.where,)
+def _factorisations(n: int, ndim: int):
+    """Every way of writing ``n`` as a product of ``ndim`` positive factors, in order."""
+    if ndim == 0:
+        if n == 1:
+            yield ()
+        return
+    for f in range(1, n + 1):
+        if n % f == 0:
+            for rest in _factorisations(n // f, ndim - 1):
+                yield (f, *rest)
 
 
 # -- the halo exchange -------------------------------------------------------------------------------
@@ -565,10 +589,11 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
     worker). A kernel task per block reads the pieces its halo needs from blocks on its own
     worker in place (no copy, no transfer); the pieces held by other workers are cut by one
     task per (source worker, destination worker) pair, so that each pair exchanges one message
-    per run, and each kernel task picks its pieces from it. Every task prefers the worker of the
-    blocks it reads (a layer annotation; a lost worker's tasks still run elsewhere)."""
-    from dask.highlevelgraph import MaterializedLayer
-
+    per run, and each kernel task picks its pieces from it. The scheduler runs each task where
+    most of the bytes it reads are: a kernel task where its core block and its neighbours are
+    (a batch of strips is small), a batch task where its source blocks are. (No worker is pinned:
+    Dask's array optimisation drops layer annotations, and a lost worker's tasks must run
+    elsewhere.)"""
     names = [a.name for a in inputs]
     targets, _ = _halo.plans(chunks, depth, boundary, False)
     tasks = Tasks()
@@ -586,7 +611,6 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
                 for i in range(len(names)):
                     wanted.setdefault((i, source, ranges), len(wanted))
     batch_keys = {}
-    pins = {}
     for (there, here), wanted in batches.items():
         key = (f"{name}-batch", len(batch_keys))
         batch_keys[(there, here)] = key
@@ -594,10 +618,8 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
         refs = tasks.items(tasks.ref((names[i], *s)) for i, s in sources)
         cuts = tuple((sources.index((i, s)), c) for i, s, c in wanted)
         tasks.add(key, _halo.cut_many, refs, cuts)
-        pins[key] = there
     for index, target in targets.items():
         key = (name, *index)
-        pins[key] = where[index]
         cores = tasks.items(tasks.ref((n, *index)) for n in names)
         if target is None:
             tasks.add(key, _halo.call, fn, cores)
@@ -618,16 +640,16 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
             pieces.append(tasks.items(own))
         tasks.add(key, _labelled(_halo.extend_and_run, index, fn), fn, plan, cores,
                   tasks.items(pieces))
-    return MaterializedLayer(tasks.graph, annotations={"workers": Pin(pins),
-                                                        "allow_other_workers": True})
+    return tasks.graph
 
 
 def persist_blocks(a, blocks_by_worker: dict[str, list[tuple]], client):
     """Dask array ``a`` computed on ``client``'s workers, each worker making the blocks of its
     list (a preference: a lost worker's blocks are made elsewhere): a Dask array of the same
-    chunks and meta whose blocks are those futures. Blocks already computed on the cluster
-    (futures) are copied to their worker by a task each, under a new name."""
-    from distributed import Future, futures_of
+    chunks and meta whose blocks are those futures, returned once they are in memory. Blocks
+    already computed on the cluster (futures) are copied to their worker by a task each, under
+    a new name."""
+    from distributed import Future, futures_of, wait
 
     layer = a.dask.layers.get(a.name)
     computed = (layer is not None and layer.is_materialized() and len(layer) == a.npartitions
@@ -648,6 +670,7 @@ def persist_blocks(a, blocks_by_worker: dict[str, list[tuple]], client):
                                        allow_other_workers=True)
                 for index, part in zip(indices, parts):
                     (futures[(name, *index)],) = futures_of(part)
+    wait(list(futures.values()))
     return _array(futures, name, a.chunks, a.dtype, a._meta, [])
 
 

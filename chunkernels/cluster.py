@@ -113,6 +113,82 @@ def current() -> Any | None:
         return None
 
 
+def distribute(x, client=None):
+    """Dask array ``x`` persisted over the cluster's workers in contiguous, balanced tiles.
+
+    Blocks go to the workers as tiles or slabs of neighbouring blocks (``chunkernels._graph.tiles``:
+    the tiling with the least border between workers, or runs of blocks in C order where the
+    block grid does not divide evenly), so that a halo crosses workers only at tile borders and
+    every worker holds as many blocks as the others, give or take one. Each block is made on
+    its worker (a lazy array's tasks run there); blocks already persisted on the cluster move
+    there. Kernel tasks then run where their blocks live, and the halo exchange reads the
+    neighbours on the same worker in place (:func:`chunkernels._graph.overlap`).
+
+    Parameters
+    ----------
+    x : dask.array.Array
+        The array (lazy, or persisted on this cluster).
+    client : distributed.Client, optional
+        The cluster's client; default, the current one (:func:`current`).
+
+    Returns
+    -------
+    dask.array.Array
+        ``x``'s values, chunks and meta, its blocks in the workers' memory (returned once they
+        all are there).
+
+    Raises
+    ------
+    ValueError
+        No client is given or current, or the cluster has no worker.
+
+    Examples
+    --------
+    >>> with chunkernels.cluster.client() as c:  # doctest: +SKIP
+    ...     x = chunkernels.cluster.distribute(da.random.random((65536, 65536), chunks=8192))
+    ...     chunkernels.cluster.blocks_per_worker(x)  # {'tcp://...': 32, 'tcp://...': 32}
+    """
+    from chunkernels import _graph
+
+    client = client if client is not None else current()
+    if client is None:
+        raise ValueError("distribute() places blocks on a cluster's workers, but no Dask client "
+                         "is current: start one with chunkernels.cluster.client() (or pass "
+                         "client=)")
+    workers = worker_addresses(client)
+    if not workers:
+        raise ValueError(f"the cluster of {client} has no worker to place blocks on; wait for "
+                         f"its workers (client.wait_for_workers(n)) first")
+    owner = _graph.tiles(x.numblocks, len(workers))
+    by_worker: dict[str, list[tuple]] = {w: [] for w in workers}
+    for index, tile in owner.items():
+        by_worker[workers[tile]].append(index)
+    return _graph.persist_blocks(x, by_worker, client)
+
+
+def blocks_per_worker(x) -> dict[str, int]:
+    """How many blocks of Dask array ``x`` each worker of the current cluster holds
+    (``{address: count}``; every worker named, 0 where it holds none). ``{}`` when ``x``'s
+    blocks are not all held on the cluster."""
+    from chunkernels import _graph
+
+    client = current()
+    where = _graph.placement(x)
+    if client is None or where is None:
+        return {}
+    counts = dict.fromkeys(worker_addresses(client), 0)
+    for address in where.values():
+        counts[address] = counts.get(address, 0) + 1
+    return counts
+
+
+def worker_addresses(c) -> list[str]:
+    """The addresses of client ``c``'s workers, in the order of their names (a
+    LocalCUDACluster names its workers by GPU), then addresses."""
+    workers = c.scheduler_info(n_workers=-1)["workers"]
+    return sorted(workers, key=lambda a: (str(workers[a].get("name", "")), a))
+
+
 def worker_count(c) -> int:
     """Number of workers the client ``c``'s scheduler knows now."""
     return len(c.scheduler_info(n_workers=-1)["workers"])

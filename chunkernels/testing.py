@@ -93,4 +93,8 @@ def graph_on_a_cluster(collection) -> dict:
     """
     import pickle
 
-    return dict(pickle.loads(pickle.dumps(collection.__dask_graph__())))
+    from dask.highlevelgraph import HighLevelGraph
+
+    sent = pickle.loads(pickle.dumps(collection.__dask_graph__()))
+    # a graph object caches its dict once materialised: read the layers themselves
+    return dict(HighLevelGraph(sent.layers, sent.dependencies))

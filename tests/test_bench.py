@@ -58,7 +58,20 @@ def test_scaling_on_cpu_workers_writes_markdown_json_and_plots(tmp_path, capsys)
     md = (tmp_path / "scaling.md").read_text()
     assert md.startswith("### scaling: gaussian_filter σ=4, 96×96 float32 (36.00 kiB) on CPU "
                          "workers (")
-    assert "| 2 CPU workers | 48×48 | 4 | " in md
+    # 4 blocks placed 2 and 2 on the workers; transfers and bytes moved per run reported
+    assert "| 2 CPU workers | 48×48 | 2 / 2 | " in md
+    assert "| 1 CPU worker | 48×48 | 4 | " in md
+    for r in rows:
+        assert r["blocks_per_worker"] == ([4] if r["workers"] == 1 else [2, 2])
+        assert r["transfers_per_run"] >= 0 and r["bytes_moved_per_run"] >= 0
+        if r["workers"] == 1:
+            assert r["transfers_per_run"] == 0
+    # the label of x < 0.4 on each cluster: the same labels, SciPy's at this size
+    labels = report["labels"]
+    assert [row["workers"] for row in labels] == [1, 2]
+    assert labels[0]["count"] == labels[1]["count"] and labels[0]["scipy"] and labels[1]["scipy"]
+    assert labels[0]["checksums"] == labels[1]["checksums"]
+    assert "| 2 CPU workers | 48×48 | " in md.split("Label of")[1]
     assert "| chunkernels | 48×48 | 1.00× | " in md  # the speed-up table
     assert md.strip() in out  # printed as well
     assert "scaling" in err  # the progress display

@@ -11,12 +11,19 @@ squared (``--chunks``), on a local cluster of each GPU count (``--gpus 1 2``), s
 * a three-step pipeline, fused (:func:`chunkernels.pipeline`: one halo exchange) and as three
   ``apply`` calls (one exchange each).
 
-The array is created on the workers (``dask.array.random``, CuPy's generator on GPU workers) and
-persisted before any clock starts. Each run persists the result, waits for it and synchronises
+The array is created on the workers (``dask.array.random``, CuPy's generator on GPU workers),
+placed in contiguous, balanced tiles of blocks (:func:`chunkernels.cluster.distribute`) and
+persisted before any clock starts; the report gives the blocks each worker holds, and, per run,
+how many transfers between workers there were and how many bytes they moved. Each run persists the result, waits for it and synchronises
 every worker's GPU; its keys are then forgotten by the scheduler, outside the clock, so that the
 next run computes them again. Before timing, each implementation's result is checked on windows
 across chunk corners and at the array's corners against the CPU reference run on the same window
-of the input (widened by the halo); a wrong result stops the benchmark. Peak memory per worker is
+of the input (widened by the halo); a wrong result stops the benchmark.
+
+A second table labels ``x < 0.4`` (about 40% foreground) on the same clusters: the labels of
+every cluster count must be the same (per-block checksums computed where the blocks live), and
+equal SciPy's on arrays small enough to label on the host here (at most :data:`SCIPY_CHECK`
+elements). Peak memory per worker is
 measured in a run of its own: CuPy's memory pool on GPU workers (the bytes the pool holds after
 the run, having freed its cache before it), ``tracemalloc`` on CPU workers.
 
@@ -53,8 +60,13 @@ HALO_PIPELINE = (("gaussian_filter", {"sigma": SIGMA}), ("uniform_filter", {"siz
 
 #: Results are float32 sums of 33 taps in a different order than scipy's float64 ones.
 CHECK_TOLERANCE = 1e-5
+#: Foreground fraction of the labelled image, ``x < FOREGROUND``.
+FOREGROUND = 0.4
+#: The largest array whose labels are compared with SciPy's on the host (elements).
+SCIPY_CHECK = 2**26
 
 CHUNKERNELS, NO_HALO, DASK_IMAGE = "chunkernels", "no halo (map_blocks)", "dask-image"
+LABEL = "label (x < 0.4)"
 FUSED, SEPARATE = "pipeline, fused", "pipeline, separate"
 
 
@@ -70,8 +82,8 @@ def run(args) -> dict:
                      f"({bench.BENCH_EXTRA})")
     depth = _halo(len(shape))
     sweep = bench.sweep(args)
-    rows, clusters = [], []
-    total = len(sweep) * len(chunkings) * len(impls)
+    rows, clusters, labels = [], [], []
+    total = len(sweep) * len(chunkings) * (len(impls) + 1)
     with bench.Progress(total, "scaling") as progress:
         for kind, workers, client in bench.clusters(args):
             gpu = kind == "gpu"
@@ -79,25 +91,31 @@ def run(args) -> dict:
             clusters.append({"kind": kind, "workers": workers, "devices": names})
             for chunks in chunkings:
                 x = _input(client, shape, chunks, gpu)
+                placed = sorted(chunkernels.cluster.blocks_per_worker(x).values())
                 for label, (build, reference, check) in impls.items():
                     with progress.run(f"{workers} {kind} worker(s), chunks "
                                       f"{'x'.join(map(str, chunks))}, {label}"):
                         rows.append({
                             "kind": kind, "workers": workers, "chunks": list(chunks),
-                            "blocks": x.npartitions, "impl": label,
+                            "blocks": x.npartitions, "blocks_per_worker": placed, "impl": label,
                             **_measure(client, gpu, x, label, build, reference, check,
                                        args.repeat)})
+                with progress.run(f"{workers} {kind} worker(s), chunks "
+                                  f"{'x'.join(map(str, chunks))}, {LABEL}"):
+                    labels.append({"kind": kind, "workers": workers, "chunks": list(chunks),
+                                   **_measure_label(client, gpu, x, args.repeat)})
                 keys = _keys(x)
                 del x
                 _forget(client, keys)
     _derive(rows)
+    _check_labels(labels)
     report = {
         "benchmark": "scaling", "kernel": "gaussian_filter", "sigma": SIGMA,
         "shape": list(shape), "dtype": DTYPE.name, "nbytes": _nbytes(shape),
         "halo": list(depth), "pipeline": [[n, p] for n, p in steps],
         "pipeline_exchanges": _exchanges(steps),
         "environment": bench.environment(), "clusters": clusters,
-        "repeat": args.repeat, "notes": notes, "rows": rows,
+        "repeat": args.repeat, "notes": notes, "rows": rows, "labels": labels,
         "chunk_halo_bytes": {"x".join(map(str, c)): _nbytes(tuple(n + 2 * d for n, d in
                                                                    zip(c, depth)))
                              for c in chunkings},
@@ -183,7 +201,7 @@ def _input(client, shape, chunks, gpu):
         x = rs.random_sample(shape, chunks=chunks, dtype=DTYPE)
     else:
         x = da.random.default_rng(SEED).random(shape, dtype=DTYPE, chunks=chunks)
-    x = client.persist(x)
+    x = chunkernels.cluster.distribute(x, client)
     wait(x)
     return x
 
@@ -213,9 +231,78 @@ def _measure(client, gpu, x, label, build, reference, check, repeat) -> dict:
     def timed():
         return _keys(once())  # the result is dropped here, its keys forgotten outside the clock
 
+    before = _transfers(client)
     seconds = bench.wall_median(timed, repeat, warmup=1, after=lambda keys: _forget(client, keys))
+    count, nbytes = (b - a for a, b in zip(before, _transfers(client)))
     return {"seconds": seconds, "GB/s": x.nbytes / seconds / 1e9,
-            "memory": _memory(starts, ends)}
+            "memory": _memory(starts, ends), "transfers_per_run": count / (repeat + 1),
+            "bytes_moved_per_run": nbytes / (repeat + 1)}
+
+
+def _transfers(client) -> tuple[int, int]:
+    """Transfers between workers so far, and the bytes they moved (every worker's outgoing
+    counters summed)."""
+    counts = client.run(_worker_transfers).values()
+    return sum(c for c, _ in counts), sum(b for _, b in counts)
+
+
+def _measure_label(client, gpu, x, repeat) -> dict:
+    """Label ``x < FOREGROUND`` (persisted first, where ``x`` lives): check, then time."""
+    from distributed import wait
+
+    image = client.persist(x < FOREGROUND)
+    wait(image)
+
+    def once():
+        labels, count = client.persist(list(ndimage.label(image)))
+        wait([labels, count])
+        client.run(_synchronize)
+        return labels, count
+
+    labels, count = once()
+    sums = labels.map_blocks(_block_checksum, dtype=np.int64, chunks=(1, 2),
+                             meta=np.empty((0, 0), np.int64))
+    check = {"count": int(count.compute()), "checksums": np.asarray(sums.compute()).tolist()}
+    del sums
+    if x.size <= SCIPY_CHECK:
+        import scipy.ndimage as ndi
+
+        host, got = _host(image, labels)
+        want, n = ndi.label(host)
+        assert n == check["count"], f"label: {check['count']} labels, SciPy finds {n}"
+        assert_close(got, want.astype(got.dtype), err_msg="label differs from SciPy's")
+        check["scipy"] = True
+    keys = _keys(labels) + _keys(count)
+    del labels, count
+    _forget(client, keys)
+
+    def timed():
+        labels, count = once()
+        return _keys(labels) + _keys(count)
+
+    before = _transfers(client)
+    seconds = bench.wall_median(timed, repeat, warmup=1, after=lambda keys: _forget(client, keys))
+    moved = [b - a for a, b in zip(before, _transfers(client))]
+    keys = _keys(image)
+    image = None  # the last reference: its blocks are released, then forgotten
+    _forget(client, keys)
+    return {"seconds": seconds, "transfers_per_run": moved[0] / (repeat + 1),
+            "bytes_moved_per_run": moved[1] / (repeat + 1), **check}
+
+
+def _check_labels(labels) -> None:
+    """Every cluster's labels of one chunking must be the same (count and block checksums)."""
+    by_chunks: dict = {}
+    for row in labels:
+        by_chunks.setdefault(tuple(row["chunks"]), []).append(row)
+    for chunks, rows in by_chunks.items():
+        first = rows[0]
+        for row in rows[1:]:
+            assert (row["count"], row["checksums"]) == (first["count"], first["checksums"]), (
+                f"label on {_where(row)} differs from {_where(first)} in chunks {chunks}")
+    for row in labels:
+        base = next(r for r in labels if r["chunks"] == row["chunks"])
+        row["speedup"] = base["seconds"] / row["seconds"]
 
 
 def _check(label, z, x, reference, check) -> None:
@@ -305,6 +392,20 @@ def _held(keys, dask_scheduler=None) -> int:
 def _worker_holds(keys, dask_worker=None) -> int:
     """On a worker: how many of ``keys`` it still has results of."""
     return sum(key in dask_worker.data for key in keys)
+
+
+def _worker_transfers(dask_worker=None) -> tuple[int, int]:
+    """On a worker: how many transfers it has sent to other workers, and their bytes."""
+    return dask_worker.transfer_outgoing_count_total, dask_worker.transfer_outgoing_bytes_total
+
+
+def _block_checksum(block):
+    """On a worker: an exact checksum of a block of labels (int64 sums of the labels and of the
+    labels weighted by their position), as a (1, 2) int64 NumPy array."""
+    xp = cuda.array_module(block)
+    flat = block.reshape(-1).astype(np.int64)
+    weights = xp.arange(flat.size, dtype=np.int64) % 1009 + 1
+    return np.array([[int(flat.sum()), int((flat * weights).sum())]], dtype=np.int64)
 
 
 def _synchronize() -> None:
@@ -428,9 +529,10 @@ def markdown(r) -> str:
         f"Versions: {versions}. Halo {'×'.join(map(str, r['halo']))} per side. Wall clock from "
         f"building the graph to a persisted result (with every GPU synchronised), median of "
         f"{r['repeat']} runs; the input is created and persisted on the workers first.", "",
-        "| workers | chunk | blocks | chunkernels (s) | no halo, map_blocks (s) | dask-image (s) | "
-        "chunkernels ÷ no halo | dask-image best ÷ chunkernels | chunkernels GB/s |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        "| workers | chunk | blocks per worker | chunkernels (s) | no halo, map_blocks (s) | "
+        "dask-image (s) | chunkernels ÷ no halo | dask-image best ÷ chunkernels | "
+        "chunkernels GB/s | transfers per run | MiB moved per run |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def cell(key, field="seconds", fmt="{:.3f}"):
         row = get.get(key)
@@ -440,12 +542,15 @@ def markdown(r) -> str:
         for chunks in chunkings:
             k = (kind, workers, chunks)
             ours = get[(*k, CHUNKERNELS)]
+            per_worker = " / ".join(map(str, ours.get("blocks_per_worker") or [ours["blocks"]]))
             lines.append(
-                f"| {_where(ours)} | {_fmt_chunk(chunks)} | {ours['blocks']} | "
+                f"| {_where(ours)} | {_fmt_chunk(chunks)} | {per_worker} | "
                 f"{cell((*k, CHUNKERNELS))} | {cell((*k, NO_HALO))} | {cell((*k, DASK_IMAGE))} | "
                 f"{cell((*k, CHUNKERNELS), 'of_no_halo', '{:.2f}×')} | "
                 f"{cell((*k, CHUNKERNELS), 'dask_image_best_over', '{:.1f}×')} | "
-                f"{cell((*k, CHUNKERNELS), 'GB/s', '{:.3g}')} |")
+                f"{cell((*k, CHUNKERNELS), 'GB/s', '{:.3g}')} | "
+                f"{cell((*k, CHUNKERNELS), 'transfers_per_run', '{:.1f}')} | "
+                f"{_mib(ours.get('bytes_moved_per_run'))} |")
 
     if len(places) > 1:
         first = _where(get[(*places[0], chunkings[0], CHUNKERNELS)])
@@ -495,8 +600,23 @@ def markdown(r) -> str:
             lines.append(f"| {_where(get[(*k, CHUNKERNELS)])} | {_fmt_chunk(chunks)} | "
                          f"{sep:.3f} | {fused:.3f} | {sep - fused:.3f} | {saved} | "
                          f"{exchange:.3f} | {ratio} |")
+    if r.get("labels"):
+        lines += ["", f"Label of `x < {FOREGROUND}` (the same blocks; labels identical on every "
+                  f"cluster, checked by per-block checksums, and equal to SciPy's where "
+                  f"marked):", "",
+                  "| workers | chunk | labels | seconds | speed-up | transfers per run | "
+                  "MiB moved per run | SciPy checked |", "|---|---|---:|---:|---:|---:|---:|---|"]
+        for row in r["labels"]:
+            lines.append(f"| {_where(row)} | {_fmt_chunk(row['chunks'])} | {row['count']} | "
+                         f"{row['seconds']:.3f} | {row.get('speedup', 1.0):.2f}× | "
+                         f"{row['transfers_per_run']:.1f} | {_mib(row['bytes_moved_per_run'])} | "
+                         f"{'yes' if row.get('scipy') else 'no (too large)'} |")
     lines += [""] + [f"Note: {n}" for n in r["notes"]]
     return "\n".join(lines).rstrip()
+
+
+def _mib(nbytes) -> str:
+    return "-" if nbytes is None else f"{nbytes / 2**20:.1f}"
 
 
 def plots(r) -> list[dict]:

@@ -1,0 +1,205 @@
+"""Placement over a cluster and graph shapes chosen where a graph runs (the graph layer).
+
+On CPU worker processes (a ``distributed.LocalCluster``) here, on GPU workers in the ``multigpu``
+tests: blocks are placed in contiguous, balanced tiles (``chunkernels.cluster.distribute``); a
+halo exchange over placed blocks reads same-worker neighbours in place and sends the strips that
+cross workers in one batch per pair of workers; a graph built with no client and computed on a
+cluster spreads over its workers; every result equals SciPy's.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.ndimage as ndi
+
+from chunkernels import _graph, _halo, cluster, ndimage
+from chunkernels.testing import assert_close, graph_on_a_cluster
+
+QUIET = {"dashboard_address": None}
+
+
+def processes(n=2):
+    return cluster.client(gpus=0, processes=True, n_workers=n, threads=1, **QUIET)
+
+
+# -- tiles -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("numblocks", [(8, 8), (8,), (3, 5), (4, 6, 2), (1, 7), (6, 1), (1,),
+                                       (2, 2, 2, 2)])
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_tiles_are_balanced_and_cover_every_block(numblocks, n):
+    owner = _graph.tiles(numblocks, n)
+    assert set(owner) == set(np.ndindex(*numblocks))
+    counts = collections.Counter(owner.values())
+    assert set(counts) <= set(range(n))
+    total = int(np.prod(numblocks))
+    used = min(n, total)
+    assert len(counts) == used
+    assert max(counts.values()) - min(counts.values()) <= 1
+
+
+@pytest.mark.parametrize("numblocks, n, cut", [
+    ((8, 8), 2, "rows"),       # slabs along the first axis
+    ((8, 8), 4, "quarters"),   # 2 x 2 tiles cut less than 4 slabs
+    ((8, 2), 2, "rows"),
+    ((1, 8), 2, "columns"),    # the only axis that can be cut evenly
+])
+def test_tiles_cut_the_least(numblocks, n, cut):
+    owner = _graph.tiles(numblocks, n)
+    if cut == "rows":
+        assert all(owner[i] == i[0] * n // numblocks[0] for i in owner)
+    elif cut == "columns":
+        assert all(owner[i] == i[1] * n // numblocks[1] for i in owner)
+    else:
+        half = [b // 2 for b in numblocks]
+        assert all(owner[i] == 2 * (i[0] // half[0]) + i[1] // half[1] for i in owner)
+
+
+def test_tiles_are_contiguous_runs_where_the_grid_does_not_divide():
+    owner = _graph.tiles((8, 8), 3)
+    order = [owner[i] for i in np.ndindex(8, 8)]
+    assert order == sorted(order)  # runs in C order
+    assert sorted(collections.Counter(order).values()) == [21, 21, 22]
+
+
+def test_tiles_refuse_no_workers():
+    with pytest.raises(ValueError, match="n=0 workers"):
+        _graph.tiles((2, 2), 0)
+
+
+# -- distribute and the placed halo exchange ------------------------------------------------------
+
+
+def test_distribute_needs_a_client():
+    with pytest.raises(ValueError, match="no Dask client is current.*cluster.client"):
+        cluster.distribute(da.ones((4, 4), chunks=2))
+
+
+@pytest.mark.parametrize("source", ["lazy", "persisted"])
+def test_distribute_places_balanced_contiguous_tiles(source):
+    x_np = np.random.default_rng(3).random((64, 48))
+    with processes(2) as c:
+        x = da.from_array(x_np, chunks=(8, 12))
+        if source == "persisted":
+            x = x.persist()
+        placed = cluster.distribute(x)
+        workers = cluster.worker_addresses(c)
+        assert cluster.blocks_per_worker(placed) == {workers[0]: 16, workers[1]: 16}
+        where = _graph.placement(placed)
+        assert all(where[i] == workers[i[0] // 4] for i in np.ndindex(*placed.numblocks))
+        assert placed.chunks == x.chunks
+        assert_close(placed.compute(), x_np)
+
+
+@pytest.mark.parametrize("params, chunks", [
+    ({"sigma": 2.0}, (40, 40)),
+    ({"sigma": (3.0, 1.0), "mode": "wrap"}, (40, 25)),      # periodic: wrapped strips cross too
+    ({"sigma": 6.0, "mode": "nearest"}, (16, 40)),           # a halo wider than a chunk
+])
+def test_a_halo_over_placed_blocks_reads_neighbours_in_place_and_batches_strips(params, chunks):
+    x_np = np.random.default_rng(4).random((160, 120))
+    want = ndi.gaussian_filter(x_np, **params)
+    with processes(2):
+        x = cluster.distribute(da.from_array(x_np, chunks=chunks))
+        z = ndimage.gaussian_filter(x, **params)
+        graph = dict(z.__dask_graph__())
+        batches = [k for k in graph if k[0] == f"{z.name}-batch"]
+        strips = [k for k in graph if "-strips-" in str(k[0])]
+        kernels = [k for k in graph if k[0] == z.name]
+        assert not strips
+        assert len(kernels) == x.npartitions
+        assert 1 <= len(batches) <= 2  # one per ordered pair of workers whose tiles touch
+        np.testing.assert_allclose(z.compute(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_same_worker_pieces_are_read_from_the_neighbour_blocks_in_place():
+    """A kernel task of a tile's interior reads its neighbours' blocks themselves (no strip
+    tasks, no batch); one at a tile border also reads the batch from the other worker."""
+    x_np = np.random.default_rng(5).random((96, 64))
+    with processes(2):
+        x = cluster.distribute(da.from_array(x_np, chunks=(16, 32)))
+        z = ndimage.gaussian_filter(x, 1.5)
+        graph = dict(z.__dask_graph__())
+        deps = {k[1:]: {d[0] if isinstance(d, tuple) else d for d in t.dependencies}
+                for k, t in graph.items() if k[0] == z.name}
+        assert deps[(0, 0)] == {x.name}
+        assert any(f"{z.name}-batch" in d for d in deps[(2, 0)])  # the last row of tile 0
+        assert any(f"{z.name}-batch" in d for d in deps[(3, 0)])  # the first row of tile 1
+
+
+def test_placed_blocks_of_several_inputs_and_a_pipeline():
+    import chunkernels
+
+    rng = np.random.default_rng(6)
+    x_np = rng.random((80, 60))
+    with processes(2):
+        x = cluster.distribute(da.from_array(x_np, chunks=(20, 30)))
+        p = chunkernels.pipeline([("gaussian_filter", {"sigma": 1.0}),
+                                  ("uniform_filter", {"size": 3})])
+        want = ndi.uniform_filter(ndi.gaussian_filter(x_np, 1.0), 3)
+        np.testing.assert_allclose(p(x).compute(), want, rtol=1e-12, atol=1e-12)
+
+
+# -- graph shapes chosen where the graph runs ---------------------------------------------------
+
+
+def test_a_graph_built_without_a_client_spreads_over_the_cluster(monkeypatch):
+    """Blocks in memory run in group tasks locally (CuPy blocks; NumPy blocks stand in here);
+    the same graph computed on a cluster is a task per block, spread over the workers."""
+    monkeypatch.setattr(_halo, "group_blocks", lambda held: None not in held)
+    x_np = np.random.default_rng(7).random((64, 64))
+    z = ndimage.gaussian_filter(da.from_array(x_np, chunks=16), 2.0)
+    local = dict(z.__dask_graph__())
+    assert any(k[0] == f"{z.name}-group" for k in local)
+    remote = graph_on_a_cluster(z)
+    assert not any(k[0] == f"{z.name}-group" for k in remote)
+    assert set(k for k in remote if k[0] == z.name) == set(k for k in local if k[0] == z.name)
+    want = ndi.gaussian_filter(x_np, 2.0)
+    with processes(2) as c:
+        from distributed import wait
+
+        persisted = z.persist()
+        wait(persisted)
+        where = collections.Counter(_graph.placement(persisted).values())
+        assert len(where) == 2, where  # both workers computed blocks
+        np.testing.assert_allclose(persisted.compute(), want, rtol=1e-12, atol=1e-12)
+        # a graph built while the client is open still runs on local threads
+        again = ndimage.gaussian_filter(da.from_array(x_np, chunks=16), 2.0)
+        np.testing.assert_allclose(again.compute(scheduler="threads"), want, rtol=1e-12,
+                                   atol=1e-12)
+        assert c.status == "running"
+
+
+def test_a_graph_survives_serialisation_unmaterialised_and_materialised():
+    import pickle
+
+    x_np = np.random.default_rng(8).random((30, 40))
+    z = ndimage.gaussian_filter(da.from_array(x_np, chunks=10), 1.0)
+    dict(z.__dask_graph__())  # materialised locally first
+    back = pickle.loads(pickle.dumps(z))
+    np.testing.assert_allclose(back.compute(), ndi.gaussian_filter(x_np, 1.0), rtol=1e-12,
+                               atol=1e-12)
+
+
+# -- errors name the kernel and the block ---------------------------------------------------------
+
+
+def test_an_error_in_a_block_names_the_kernel_and_the_block():
+    import chunkernels
+
+    def cpu(x, **params):
+        if x.shape[0] == 3:
+            raise ZeroDivisionError("the reference failed")
+        return x
+
+    chunkernels.register(name="fails_on_a_block", cpu=cpu, dtypes=("float64",))
+    x = da.zeros((10, 4), chunks=(5, 4)).rechunk(((5, 3, 2), (4,)))
+    with pytest.raises(ZeroDivisionError, match="the reference failed") as info:
+        chunkernels.apply(x, "fails_on_a_block").compute(scheduler="sync")
+    notes = " ".join(getattr(info.value, "__notes__", ()))
+    assert "kernel 'fails_on_a_block'" in notes and "block (1, 0)" in notes
