@@ -24,10 +24,14 @@ from chunkernels import cuda
 
 #: The install that brings dask-cuda and CuPy, named in errors.
 CUDA_EXTRA = "pip install 'chunkernels[cuda12]'  (or [cuda13])"
+#: The install that brings UCX (NVLink transfers between GPU workers) and RMM, named in errors.
+UCX_EXTRA = "pip install 'chunkernels[ucx-cu12]'  (or [ucx-cu13])"
+#: Protocols :func:`client` starts local clusters with.
+PROTOCOLS = ("tcp", "ucx", "inproc")
 
 
 def client(gpus: int | None = None, scheduler: str | None = None, *, threads: int | None = None,
-           processes: bool | None = None, **cluster_kwargs: Any):
+           processes: bool | None = None, protocol: str | None = None, **cluster_kwargs: Any):
     """A ``distributed.Client`` on a local GPU or CPU cluster, or on an existing scheduler.
 
     Parameters
@@ -45,6 +49,13 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
     processes
         CPU cluster only: worker processes (``True``) or one worker of threads in this process
         (``False``, the default). GPU workers are always processes, one per GPU.
+    protocol
+        How workers send each other data: ``"tcp"`` (Dask's default) or ``"ucx"``, which moves
+        CuPy blocks between GPUs over NVLink (``cuda_ipc``) where the GPUs have it: measured on
+        two H200s joined by NVLink, a 64 MiB block took 13 ms between workers against 56 ms over
+        TCP, and 512 MiB 15 ms against 357 ms (docs/gpus.md). UCX needs the ``ucx-cu12`` /
+        ``ucx-cu13`` extra (UCX, UCXX and RMM) and GPU workers (``ucx`` on a CPU cluster is
+        refused); ``None``: TCP. A running cluster (``scheduler=``) has its own.
     **cluster_kwargs
         Passed to ``LocalCUDACluster`` / ``LocalCluster`` (``device_memory_limit``,
         ``rmm_pool_size``, ``n_workers``, ``dashboard_address``, ...); they override the
@@ -61,7 +72,8 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
         ``gpus`` is negative or more than the GPUs present, arguments for a local cluster are
         given with ``scheduler``, or ``processes=False`` is asked of GPU workers.
     ImportError
-        GPUs are asked for but dask-cuda is not installed.
+        GPUs are asked for but dask-cuda is not installed, or UCX is asked for but its extra
+        is not installed.
 
     Notes
     -----
@@ -75,8 +87,11 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
     """
     from distributed import Client
 
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r}; expected one of {PROTOCOLS} (or None: tcp)")
     if scheduler is not None:
-        given = {"gpus": gpus, "threads": threads, "processes": processes, **cluster_kwargs}
+        given = {"gpus": gpus, "threads": threads, "processes": processes, "protocol": protocol,
+                 **cluster_kwargs}
         given = sorted(k for k, v in given.items() if v is not None)
         if given:
             raise ValueError(
@@ -86,6 +101,16 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
             )
         return Client(scheduler)
     devices = _devices(gpus)
+    if protocol == "ucx":
+        if not devices:
+            raise ValueError("protocol='ucx' moves GPU blocks between GPU workers; this is a CPU "
+                             "cluster (no GPU asked for or visible). Use protocol='tcp', or GPUs")
+        if importlib.util.find_spec("distributed_ucxx") is None or (
+                importlib.util.find_spec("rmm") is None):
+            raise ImportError(f"protocol='ucx' needs UCX for Dask (distributed-ucxx) and RMM, "
+                              f"which are not installed: {UCX_EXTRA}; or use protocol='tcp'")
+    if protocol is not None:
+        cluster_kwargs = {"protocol": protocol, **cluster_kwargs}
     if devices:
         cluster = _cuda_cluster(devices, threads, processes, cluster_kwargs)
     else:
@@ -250,6 +275,9 @@ def _cuda_cluster(devices, threads, processes, kwargs):
                                "threads_per_worker": threads or 1}
     if importlib.util.find_spec("rmm") is not None:
         options.update(rmm_async=True, rmm_allocator_external_lib_list=["cupy"])
+    if kwargs.get("protocol") == "ucx":
+        # NVLink between the GPUs of a host (cuda_ipc), and TCP over UCX for the rest
+        options.update(enable_nvlink=True, enable_tcp_over_ucx=True)
     options.update(kwargs)
     return LocalCUDACluster(**options)
 

@@ -67,6 +67,11 @@ def test_connecting_to_a_scheduler_leaves_its_cluster_running():
     ({"scheduler": "tcp://127.0.0.1:1", "gpus": 2, "n_workers": 3},
      r"scheduler='tcp://127.0.0.1:1' connects to a running cluster, whose workers are already set "
      r"up; gpus, n_workers only describe\(s\) a local cluster"),
+    ({"protocol": "nvlink"}, r"protocol='nvlink'; expected one of \('tcp', 'ucx', 'inproc'\)"),
+    ({"scheduler": "tcp://127.0.0.1:1", "protocol": "ucx"}, r"protocol only describe\(s\) a "
+                                                             r"local cluster"),
+    ({"gpus": 0, "protocol": "ucx"}, r"protocol='ucx' moves GPU blocks between GPU workers; this "
+                                     r"is a CPU cluster"),
 ])
 def test_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -109,6 +114,26 @@ def test_gpu_cluster_errors_without_dask_cuda_or_with_threads_only(monkeypatch):
     with pytest.raises(ImportError, match=r"a cluster of GPU workers needs dask-cuda, which is not "
                                           r"installed: pip install 'chunkernels\[cuda12\]'"):
         cluster.client(gpus=1)
+
+
+def test_ucx_without_its_extra_names_the_extra(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(chunkernels.cuda, "gpu_count", lambda: 2)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "distributed_ucxx" else real(name, *a))
+    with pytest.raises(ImportError, match=r"protocol='ucx' needs UCX for Dask \(distributed-ucxx\) "
+                                          r"and RMM, which are not installed: pip install "
+                                          r"'chunkernels\[ucx-cu12\]'"):
+        cluster.client(gpus=2, protocol="ucx")
+
+
+def test_a_cpu_cluster_takes_a_protocol():
+    with cluster.client(gpus=0, processes=True, n_workers=1, threads=1, protocol="tcp",
+                        **QUIET) as c:
+        assert c.scheduler.address.startswith("tcp://")
+        assert int(da.arange(10, chunks=3).sum().compute()) == 45
 
 
 def test_cli_check_on_a_cpu_cluster(capsys):

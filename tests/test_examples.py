@@ -134,3 +134,86 @@ def test_resize_volume_example_on_gpu():
     out = run_example("resize_volume.py", "--size", "96", "--chunks", "32", "--target", "40")
     assert "GPU path" in out and "CuPy chunks" in out
     assert "zoom: verified" in out and "resize: verified" in out
+
+
+def test_cluster_example_against_a_scheduler_and_workers_started_apart():
+    """The multi-machine shape on one host: `dask scheduler` and `dask worker` processes started
+    on their own, as on N machines, and the example pointed at the scheduler."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    dask_cli = [sys.executable, "-m", "dask"]
+    started = [subprocess.Popen(dask_cli + ["scheduler", "--host", "127.0.0.1", "--port",
+                                            str(port), "--no-dashboard"],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        time.sleep(2)
+        for _ in range(2):
+            started.append(subprocess.Popen(dask_cli + ["worker", address, "--nthreads", "1",
+                                                        "--no-dashboard"],
+                                            env=env, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout=60) as c:
+            c.wait_for_workers(2, timeout=60)
+        out = run_example("cluster_filter_label.py", address, "--size", "512", "--chunks", "128",
+                          hide_gpus=True)
+        assert "2 worker(s) on CPU" in out
+        assert "blocks per worker: [8, 8]" in out
+        assert "verified against SciPy" in out
+    finally:
+        for proc in reversed(started):
+            proc.terminate()
+        for proc in started:
+            proc.wait(timeout=30)
+
+
+def test_cluster_example_on_a_local_cluster():
+    out = run_example("cluster_filter_label.py", "--size", "256", "--chunks", "64",
+                      hide_gpus=True)
+    assert "verified against SciPy" in out
+
+
+@pytest.mark.multigpu
+def test_cluster_example_against_dask_cuda_workers_started_apart():
+    """`dask scheduler` and `dask cuda worker` (one worker per GPU) as separate processes, as
+    on N machines; the example pointed at the scheduler computes on every GPU."""
+    import socket
+    import time
+
+    pytest.importorskip("dask_cuda")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    dask_cli = [sys.executable, "-m", "dask"]
+    started = [subprocess.Popen(dask_cli + ["scheduler", "--host", "127.0.0.1", "--port",
+                                            str(port), "--no-dashboard"], env=env)]
+    try:
+        time.sleep(2)
+        started.append(subprocess.Popen(dask_cli + ["cuda", "worker", address, "--no-dashboard"],
+                                        env=env))
+        from distributed import Client
+
+        from chunkernels import cuda
+
+        with Client(address, timeout=60) as c:
+            c.wait_for_workers(cuda.gpu_count(), timeout=120)
+        out = run_example("cluster_filter_label.py", address, "--size", "8192", "--chunks",
+                          "2048")
+        assert f"{cuda.gpu_count()} GPU(s)" in out
+        assert "verified against SciPy" in out and "CuPy chunks" in out
+    finally:
+        for proc in reversed(started):
+            proc.terminate()
+        for proc in started:
+            proc.wait(timeout=60)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -203,3 +204,47 @@ def test_an_error_in_a_block_names_the_kernel_and_the_block():
         chunkernels.apply(x, "fails_on_a_block").compute(scheduler="sync")
     notes = " ".join(getattr(info.value, "__notes__", ()))
     assert "kernel 'fails_on_a_block'" in notes and "block (1, 0)" in notes
+
+
+# -- on GPU workers -------------------------------------------------------------------------------
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("protocol", ["tcp", "ucx"])
+def test_filter_label_and_pipeline_over_gpu_workers(protocol):
+    """Blocks placed over every GPU's worker; the filter, a fused pipeline and the label equal
+    SciPy's, and the filter's output blocks stay where their input blocks are."""
+    import chunkernels
+    from chunkernels import cuda
+
+    cp = pytest.importorskip("cupy")
+    if protocol == "ucx":
+        pytest.importorskip("distributed_ucxx")
+    from distributed import wait
+
+    n = cuda.gpu_count()
+    x_np = np.random.default_rng(9).random((2048, 1536)).astype(np.float32)
+    with cluster.client(gpus=n, protocol=protocol, **QUIET):
+        lazy = da.from_array(x_np, chunks=256).map_blocks(cp.asarray,
+                                                         meta=cp.empty((0, 0), np.float32))
+        x = cluster.distribute(lazy)
+        counts = sorted(cluster.blocks_per_worker(x).values())
+        assert len(counts) == n and counts[-1] - counts[0] <= 1
+        z = ndimage.gaussian_filter(x, 3.0).persist()
+        wait(z)
+        where, out = _graph.placement(x), _graph.placement(z)
+        assert sum(where[i] == out[i] for i in where) >= 0.9 * len(where)
+        got = z.compute()
+        assert cuda.is_cupy_array(got)
+        np.testing.assert_allclose(got.get(), ndi.gaussian_filter(x_np.astype(np.float64), 3.0),
+                                   rtol=1e-5, atol=1e-5)
+        p = chunkernels.pipeline([("gaussian_filter", {"sigma": 1.0}),
+                                  ("uniform_filter", {"size": 5}), ("sobel", {"axis": 0})])
+        want = ndi.sobel(ndi.uniform_filter(ndi.gaussian_filter(x_np.astype(np.float64), 1.0),
+                                            5), 0)
+        np.testing.assert_allclose(p(x).compute().get(), want, rtol=1e-4, atol=1e-4)
+        labels, count = ndimage.label(x < 0.4)
+        labels, count = dask.compute(labels, count)
+        want_labels, want_n = ndi.label(x_np < 0.4)
+        assert int(count) == want_n
+        assert_close(labels, want_labels.astype(labels.dtype))
