@@ -304,3 +304,38 @@ def test_launches_holding_gil_switches_and_restores():
     with pytest.raises(RuntimeError), launches_holding_gil(False):
         raise RuntimeError("a failed run")
     assert cuda.LAUNCH_HOLDS_GIL
+
+
+def test_capacity_on_cpu_workers(tmp_path, capsys):
+    """The capacity run end to end on CPU workers: every cluster completes, with the same
+    labels, blocks placed evenly, peaks and the bound reported."""
+    code = main(["bench", "capacity", "--workers", "1", "2", "--size", "160", "--chunks", "48",
+                 "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads((tmp_path / "capacity.json").read_text())
+    rows = report["rows"]
+    assert [r["workers"] for r in rows] == [1, 2]
+    assert all(r["outcome"] == "completed" for r in rows)
+    assert rows[0]["count"] == rows[1]["count"] > 0
+    assert rows[0]["checksums"] == rows[1]["checksums"]
+    assert rows[1]["blocks_per_worker"] == [8, 8]
+    assert all(r["peak_above_start"] > 0 and r["bound"] > 0 for r in rows)
+    assert set(rows[0]["steps"]) == {"make", "filter", "label"}
+    md = (tmp_path / "capacity.md").read_text()
+    assert "| 2 CPU workers | completed | 8 / 8 |" in md
+
+
+def test_capacity_reports_a_step_that_does_not_finish(monkeypatch):
+    """A step past its time is reported and cancelled: the benchmark never hangs."""
+    import argparse
+
+    from chunkernels.bench import capacity
+
+    def never(*args, **kwargs):
+        raise TimeoutError
+    monkeypatch.setattr("distributed.wait", never)
+    args = argparse.Namespace(size="96", chunks=["48"], timeout=1.0, workers=[1], gpus=None,
+                              scheduler=None)
+    report = capacity.run(args)
+    assert report["rows"][0]["outcome"] == "make: did not finish in 1 s (cancelled)"

@@ -47,6 +47,7 @@ BENCHMARKS = (
     "kappa_sigma_clip",
     "label",
     "scaling",
+    "capacity",
     "measure",
     "filters",
     "zoom",
@@ -75,6 +76,9 @@ def add_arguments(parser) -> None:
                         default=[16, 32, 64, 128, 256, 512, 1024],
                         help="broadcast_add: chunk sizes for the chunked runs, in MiB")
     parser.add_argument("--repeat", type=int, default=20, help="timed repetitions (median)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="capacity: the most seconds one step may take before it is "
+                             "reported as not finished and cancelled (default %(default)s)")
     parser.add_argument("--out", default="bench-results",
                         help="folder for the Markdown, JSON and PNG results (default %(default)s)")
     add_cluster_arguments(parser, sweep=True)
