@@ -281,13 +281,33 @@ def test_launches_holding_gil_switches_and_restores():
     from chunkernels import cuda
     from chunkernels.bench import launches_holding_gil
 
-    assert cuda.LAUNCH_HOLDS_GIL
+    assert cuda.LAUNCH_HOLDS_GIL == "auto" and not cuda.LAUNCH_THROUGH_CUPY
     with launches_holding_gil(False):
-        assert not cuda.LAUNCH_HOLDS_GIL
+        assert cuda.LAUNCH_THROUGH_CUPY
         with launches_holding_gil(True):
-            assert cuda.LAUNCH_HOLDS_GIL
-        assert not cuda.LAUNCH_HOLDS_GIL
-    assert cuda.LAUNCH_HOLDS_GIL
+            assert cuda.LAUNCH_HOLDS_GIL is True and not cuda.LAUNCH_THROUGH_CUPY
+        assert cuda.LAUNCH_THROUGH_CUPY and cuda.LAUNCH_HOLDS_GIL == "auto"
+    assert cuda.LAUNCH_HOLDS_GIL == "auto" and not cuda.LAUNCH_THROUGH_CUPY
     with pytest.raises(RuntimeError), launches_holding_gil(False):
         raise RuntimeError("a failed run")
-    assert cuda.LAUNCH_HOLDS_GIL
+    assert not cuda.LAUNCH_THROUGH_CUPY
+
+
+def test_reports_say_how_kernels_were_launched(tmp_path, monkeypatch):
+    """The JSON holds chunkernels.cuda.launch_counts(); the Markdown says it in a line, with
+    the reason of any fallback, once the process has launched kernels."""
+    from chunkernels import cuda
+
+    counts = {"driver": 120, "cupy": 7, "fallback_reasons": {"an old driver": 5}}
+    monkeypatch.setattr(cuda, "launch_counts", lambda: counts)
+    report = {"markdown": "### table"}
+    bench.write_report("demo", report, tmp_path)
+    assert json.loads((tmp_path / "demo.json").read_text())["environment"]["launches"] == counts
+    line = ("Kernel launches in this process so far: 120 through the driver (chunkernels' "
+            "launch), 7 through CuPy (fallbacks: 5 because an old driver).")
+    assert (tmp_path / "demo.md").read_text() == f"### table\n\n{line}\n"
+    assert report["markdown"].endswith(line)  # printed too
+    counts.update(driver=3, cupy=0, fallback_reasons={})
+    bench.write_report("demo", {"markdown": "### t"}, tmp_path)
+    assert (tmp_path / "demo.md").read_text().endswith(
+        "3 through the driver (chunkernels' launch), 0 through CuPy.\n")
