@@ -287,7 +287,7 @@ class Kernel:
             if driver.missing:
                 raise _NoLayout(driver.missing)
             self._handle = ctypes.c_void_p(_function_handle(raw))
-            self.layout = parameter_layout(driver.param_info, self._handle)
+            self.layout = _parameter_layout(driver.param_info, self._handle)
         except _NoLayout as exc:
             self.fallback = str(exc)
             return
@@ -343,7 +343,7 @@ class Kernel:
         types = tuple(map(type, args))
         plan = self._plans.get(types)
         if plan is None:
-            plan = pack_plan(self.name, self.layout, args, cupy().ndarray)
+            plan = _pack_plan(self.name, self.layout, args, cupy().ndarray)
             if len(self._plans) >= _MAX_PLANS:  # a few argument types per kernel; a guard
                 self._plans.clear()
             self._plans[types] = plan
@@ -401,7 +401,7 @@ class _Plan:
         names = [f"a{i}" for i in range(n)]
         values, checks = [], []
         for i, (a, kind) in enumerate(zip(names, kinds, strict=True)):
-            if kind == "bytes" and isinstance(args[i], _numpy().ndarray):
+            if kind == "bytes":  # the size of an array or a struct scalar is not its type's
                 checks.append(f"    if {a}.nbytes != {args[i].nbytes} or {a}.size != 1:\n"
                               f"        raise blob_mismatch(name, {i}, {args[i].nbytes}, {a})\n")
             values.append({"value": a, "pointer": f"{a}.data.ptr", "bytes": f"{a}.tobytes()",
@@ -427,26 +427,21 @@ class _NoPlan:
         return False
 
 
-def _numpy():
-    import numpy as np
-
-    return np
-
-
 def _parameters_start(count: int) -> int:
     """Where a kernel's values start in a launch buffer: after ``kernelParams``, its
     ``count`` pointers, rounded up to 16 bytes (the widest alignment a parameter takes)."""
     return -(-8 * count // 16) * 16
 
 
-def pack_plan(name: str, layout, args, device_array: type) -> _Plan:
+def _pack_plan(name: str, layout, args, device_array: type) -> _Plan:
     """How ``args`` are packed for a kernel ``name`` whose parameters lie at ``layout``
     (``(offset, size)`` in bytes each), or :class:`KernelArgumentError` naming the first value
     that does not fit its parameter.
 
     ``device_array`` (``cupy.ndarray``) values are passed as their 8-byte device pointers.
     """
-    np = _numpy()
+    import numpy as np
+
     if len(args) != len(layout):
         raise KernelArgumentError(
             f"kernel {name} takes {len(layout)} arguments (its compiled parameters, of "
@@ -541,7 +536,8 @@ def _unsupported(name, i, size, value) -> KernelArgumentError:
 
 def _out_of_range(name, layout, args) -> KernelArgumentError:
     """The error for a Python int or float that its parameter cannot hold."""
-    np = _numpy()
+    import numpy as np
+
     for i, (value, (_, size)) in enumerate(zip(args, layout, strict=True)):
         if type(value) is bool or not isinstance(value, (int, float)) or isinstance(
                 value, np.generic):
@@ -562,7 +558,7 @@ def _out_of_range(name, layout, args) -> KernelArgumentError:
                                f"({', '.join(_type_name(a) for a in args)})")
 
 
-def parameter_layout(param_info, handle) -> tuple[tuple[int, int], ...]:
+def _parameter_layout(param_info, handle) -> tuple[tuple[int, int], ...]:
     """``(offset, size)`` in bytes of each parameter of the compiled function ``handle``, as the
     driver's ``cuFuncGetParamInfo`` (``param_info``) reports them: asked for parameter 0, 1, ...
     until it answers ``CUDA_ERROR_INVALID_VALUE``, past the last one."""

@@ -267,7 +267,7 @@ def test_pack_plan_lays_values_at_the_offsets():
     layout = _layout(ctypes.c_int8, ctypes.c_double, ctypes.c_int16, ctypes.c_void_p)
     assert layout == ((0, 1), (8, 8), (16, 2), (24, 8))
     args = (np.int8(1), 2.0, 3, _Array(4))
-    plan = cuda.pack_plan("k", layout, args, _Array)
+    plan = cuda._pack_plan("k", layout, args, _Array)
     assert plan.struct.format == "<b7xdh6xQ" and plan.struct.size == 32
     assert plan.kinds == ("value", "value", "value", "pointer")
     buffer = ctypes.create_string_buffer(64)
@@ -275,10 +275,13 @@ def test_pack_plan_lays_values_at_the_offsets():
     assert plan.struct.unpack_from(buffer, 32) == (1, 2.0, 3, 4)  # after 4 pointers, 16-aligned
     assert not plan.pack(buffer, (np.int8(1), 2.0, np.int16(3), _Array(4)))  # another type
     assert not plan.pack(buffer, args[:3])
-    struct_plan = cuda.pack_plan("k", ((0, 16), (16, 8)), (np.zeros(1, "V16"), None), _Array)
+    struct_plan = cuda._pack_plan("k", ((0, 16), (16, 8)), (np.zeros(1, "V16"), None), _Array)
     assert struct_plan.kinds == ("bytes", "null")
     with pytest.raises(KernelArgumentError, match="argument 0 is a numpy.ndarray of 8 bytes"):
         struct_plan.pack(buffer, (np.zeros(1, "V8"), None))
+    scalar_plan = cuda._pack_plan("k", ((0, 16),), (np.zeros(1, "V16")[0],), _Array)
+    with pytest.raises(KernelArgumentError, match="argument 0 is a numpy.void of 8 bytes"):
+        scalar_plan.pack(buffer, (np.zeros(1, "V8")[0],))  # the same type, another size
 
 
 def test_a_kernel_without_parameters(driver):
@@ -350,10 +353,10 @@ def test_parameter_layout_without_a_current_context_gets_one():
 
     with pytest.MonkeyPatch.context() as m:
         m.setitem(sys.modules, "cupy", fake)
-        assert cuda.parameter_layout(info, ctypes.c_void_p(1)) == ((0, 8),)
+        assert cuda._parameter_layout(info, ctypes.c_void_p(1)) == ((0, 8),)
     assert freed == [0]
     with pytest.raises(cuda._NoLayout, match="cuFuncGetParamInfo failed with CUDA error 500"):
-        cuda.parameter_layout(lambda *a: 500, ctypes.c_void_p(1))
+        cuda._parameter_layout(lambda *a: 500, ctypes.c_void_p(1))
     table = iter([(0, 8), (4, 4)])
 
     def overlapping(handle, index, offset, size):
@@ -364,7 +367,7 @@ def test_parameter_layout_without_a_current_context_gets_one():
         return 0
 
     with pytest.raises(cuda._NoLayout, match="overlap"):
-        cuda.parameter_layout(overlapping, ctypes.c_void_p(1))
+        cuda._parameter_layout(overlapping, ctypes.c_void_p(1))
 
 
 # -- streams, errors, contexts --------------------------------------------------------------------
