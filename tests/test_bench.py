@@ -174,6 +174,8 @@ def test_without_a_gpu(capsys, tmp_path, monkeypatch):
 def test_outputs_without_matplotlib_or_tqdm(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails
     monkeypatch.setitem(sys.modules, "tqdm", None)
+    no_launches = {"driver": 0, "cupy": 0, "fallback_reasons": {}}
+    monkeypatch.setattr(chunkernels.cuda, "launch_counts", lambda: no_launches)
     plot = {"name": "p", "title": "t", "xlabel": "x", "ylabel": "y",
             "series": [{"label": "a", "x": [1, 2], "y": [3, 4]}]}
     report = {"markdown": "### table", "value": np.float32(1.5), "plots": [plot]}

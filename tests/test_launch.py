@@ -9,6 +9,7 @@ own launch and with NumPy, on several streams, devices and threads.
 """
 
 import ctypes
+import itertools
 import os
 import re
 import subprocess
@@ -103,6 +104,10 @@ def driver(monkeypatch):
 
     fake_driver = cuda._Driver(launcher(True), launcher(False), param_info)
     monkeypatch.setattr(cuda, "_driver", lambda: fake_driver)
+    # the fakes' launches count apart from the process's (which reports read)
+    monkeypatch.setattr(cuda, "_DRIVER_LAUNCHES", itertools.count())
+    monkeypatch.setattr(cuda, "_COUNT_READS", 0)
+    monkeypatch.setattr(cuda, "_CUPY_LAUNCHES", {})
     monkeypatch.setattr(cuda, "LAUNCH_HOLDS_GIL", "auto")
     monkeypatch.setattr(cuda, "LAUNCH_THROUGH_CUPY", False)
 
