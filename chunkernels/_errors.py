@@ -42,3 +42,20 @@ class GPUOutOfMemoryError(MemoryError):
     and its free and total memory, and a smaller chunking to try. The process that raised it
     keeps working: the block's buffers are freed as the error unwinds.
     """
+
+
+class KernelArgumentError(TypeError):
+    """A kernel launch argument that does not match the compiled function's parameter.
+
+    The message names the kernel entry, the parameter's index and size, and the value's type.
+    """
+
+
+class LaunchFallbackWarning(RuntimeWarning):
+    """Kernels launch through CuPy's ``RawKernel``, not chunkernels' driver launch (warned once
+    per reason; :func:`chunkernels.cuda.launch_counts` counts them)."""
+
+
+class LaunchFallbackError(RuntimeError):
+    """A launch would have fallen back to CuPy's, and ``CHUNKERNELS_LAUNCH_FALLBACK=error``
+    (set by the test suite) forbids it."""

@@ -2,11 +2,15 @@
 
 Tests marked ``gpu`` need CuPy and a CUDA device, ``multigpu`` two devices; without them they are
 skipped at collection, with the reason, so the CPU suite runs unchanged on a machine without a GPU.
+A kernel launch that would fall back to CuPy's (an old driver, a CuPy without the function
+handle) is an error in the tests: ``CHUNKERNELS_LAUNCH_FALLBACK=error``, set here for this
+process and the Dask worker processes it starts.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -14,6 +18,8 @@ import scipy.ndimage as ndi
 
 import chunkernels
 from chunkernels import _registry
+
+os.environ["CHUNKERNELS_LAUNCH_FALLBACK"] = "error"
 
 # -- GPU markers ----------------------------------------------------------------------------------
 

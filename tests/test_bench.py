@@ -187,6 +187,8 @@ def test_without_a_gpu(capsys, tmp_path, monkeypatch):
 def test_outputs_without_matplotlib_or_tqdm(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails
     monkeypatch.setitem(sys.modules, "tqdm", None)
+    no_launches = {"driver": 0, "cupy": 0, "fallback_reasons": {}}
+    monkeypatch.setattr(chunkernels.cuda, "launch_counts", lambda: no_launches)
     plot = {"name": "p", "title": "t", "xlabel": "x", "ylabel": "y",
             "series": [{"label": "a", "x": [1, 2], "y": [3, 4]}]}
     report = {"markdown": "### table", "value": np.float32(1.5), "plots": [plot]}
@@ -294,16 +296,103 @@ def test_launches_holding_gil_switches_and_restores():
     from chunkernels import cuda
     from chunkernels.bench import launches_holding_gil
 
-    assert cuda.LAUNCH_HOLDS_GIL
+    assert cuda.LAUNCH_HOLDS_GIL == "auto" and not cuda.LAUNCH_THROUGH_CUPY
     with launches_holding_gil(False):
-        assert not cuda.LAUNCH_HOLDS_GIL
+        assert cuda.LAUNCH_THROUGH_CUPY
         with launches_holding_gil(True):
-            assert cuda.LAUNCH_HOLDS_GIL
-        assert not cuda.LAUNCH_HOLDS_GIL
-    assert cuda.LAUNCH_HOLDS_GIL
+            assert cuda.LAUNCH_HOLDS_GIL is True and not cuda.LAUNCH_THROUGH_CUPY
+        assert cuda.LAUNCH_THROUGH_CUPY and cuda.LAUNCH_HOLDS_GIL == "auto"
+    assert cuda.LAUNCH_HOLDS_GIL == "auto" and not cuda.LAUNCH_THROUGH_CUPY
     with pytest.raises(RuntimeError), launches_holding_gil(False):
         raise RuntimeError("a failed run")
-    assert cuda.LAUNCH_HOLDS_GIL
+    assert not cuda.LAUNCH_THROUGH_CUPY
+
+
+def test_reports_say_how_kernels_were_launched(tmp_path, monkeypatch):
+    """The JSON holds chunkernels.cuda.launch_counts(); the Markdown says it in a line, with
+    the reason of any fallback, once the process has launched kernels."""
+    from chunkernels import cuda
+
+    counts = {"driver": 120, "cupy": 7, "fallback_reasons": {"an old driver": 5}}
+    monkeypatch.setattr(cuda, "launch_counts", lambda: counts)
+    report = {"markdown": "### table"}
+    bench.write_report("demo", report, tmp_path)
+    assert json.loads((tmp_path / "demo.json").read_text())["environment"]["launches"] == counts
+    line = ("Kernel launches in this process so far: 120 through the driver (chunkernels' "
+            "launch), 7 through CuPy (fallbacks: 5 because an old driver).")
+    assert (tmp_path / "demo.md").read_text() == f"### table\n\n{line}\n"
+    assert report["markdown"].endswith(line)  # printed too
+    counts.update(driver=3, cupy=0, fallback_reasons={})
+    bench.write_report("demo", {"markdown": "### t"}, tmp_path)
+    assert (tmp_path / "demo.md").read_text().endswith(
+        "3 through the driver (chunkernels' launch), 0 through CuPy.\n")
+
+
+def test_the_launch_benchmark_times_rounds_of_threads_and_writes_its_tables():
+    """Its machinery without a GPU: rounds of threads launching at once (each into its own
+    output, the clock around them all), round-trip statistics and the Markdown tables."""
+    from chunkernels.bench import launch
+
+    calls, syncs = [], []
+    lock = __import__("threading").Lock()
+
+    def fake_launch(x, y, a, b):
+        with lock:
+            calls.append(id(y))
+
+    outputs = [object() for _ in range(3)]
+    times = launch._rounds(fake_launch, None, outputs, 1, 2, 4, lambda: syncs.append(1))
+    assert len(times) == 4 and all(t >= 0 for t in times)
+    assert sorted(set(calls)) == sorted(map(id, outputs))
+    assert len(calls) == 5 * 3 * launch.LAUNCHES  # a warm-up round, then 4 timed
+    assert len(syncs) == 6
+
+    def failing(x, y, a, b):
+        raise KeyError("no such kernel")
+
+    with pytest.raises(KeyError, match="no such kernel"):
+        launch._rounds(failing, None, outputs, 1, 2, 2, lambda: None)
+
+    assert launch._spread([0.003, 0.001, 0.002, 0.010]) == {
+        "median_ms": pytest.approx(2.5), "p90_ms": pytest.approx(10.0), "max_ms": 10.0}
+    host = [{"way": w, "threads": t, "us_per_launch": u, "round_ms": 1.0, "of_cupy": o}
+            for w, t, u, o in (("chunkernels, GIL held (ctypes.PyDLL)", 1, 2.5, 0.5),
+                               ("CuPy RawKernel", 8, 5.0, 1.0))]
+    loop = {"idle": {"median_ms": 0.5, "p90_ms": 0.6, "max_ms": 0.9},
+            "rows": [{"setting": "held (1)", "holds_gil": True, "samples": 12,
+                      "median_ms": 40.0, "p90_ms": 55.0, "max_ms": 70.0, "launch_s": 0.39,
+                      "total_s": 0.41}]}
+    md = launch._markdown({"device": "GPU", "date": "today", "cupy": "14", "threads": 8,
+                           "launches_per_round": 100, "host": host, "loop": loop,
+                           "flood": {"launches": 4000, "spin_us": 100, "floods": 3}})
+    assert "| chunkernels, GIL held (ctypes.PyDLL) | 1 | 2.50 | 0.50× |" in md
+    assert "| CuPy RawKernel | 8 | 5.00 | 1.00× |" in md
+    assert "| held (1) | yes | 12 | 40.00 | 55.00 | 70.00 | 0.390 | 0.410 |" in md
+    assert "idle worker: median 0.50 ms, largest 0.90 ms" in md
+
+
+@pytest.mark.gpu
+def test_the_launch_benchmark_on_a_gpu(tmp_path, capsys, monkeypatch):
+    """End to end: every way's result checked and timed from 1 and 8 threads, then a worker
+    flooded with each GIL setting; "auto" releases the GIL there, and every launch went
+    through the driver (none fell back to CuPy's)."""
+    pytest.importorskip("dask_cuda")
+    from chunkernels.bench import launch
+
+    monkeypatch.setattr(launch, "FLOODS", 1)
+    code = main(["bench", "launch", "--repeat", "3", "--out", str(tmp_path)])
+    assert code == 0, capsys.readouterr().err
+    report = json.loads((tmp_path / "launch.json").read_text())
+    assert [(h["way"], h["threads"]) for h in report["host"]] == [
+        (way, n) for way in launch.WAYS for n in (1, launch.THREADS)]
+    assert all(h["us_per_launch"] > 0 for h in report["host"])
+    rows = {r["setting"]: r for r in report["loop"]["rows"]}
+    assert [rows[s]["holds_gil"] for s in launch.SETTINGS] == [True, False, False]
+    for r in rows.values():
+        assert r["samples"] > 0 and r["worker_launch_counts"]["fallback_reasons"] == {}
+    launches = report["environment"]["launches"]
+    assert launches["driver"] > 0 and launches["fallback_reasons"] == {}
+    assert "through the driver" in (tmp_path / "launch.md").read_text()
 
 
 def test_capacity_on_cpu_workers(tmp_path, capsys):

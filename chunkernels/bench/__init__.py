@@ -51,6 +51,7 @@ BENCHMARKS = (
     "measure",
     "filters",
     "zoom",
+    "launch",
 )
 
 #: The install that brings what the benchmarks use beyond chunkernels itself.
@@ -298,18 +299,35 @@ def environment() -> dict:
                 versions[module] = metadata.version(dist)
                 break
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "host": platform.node(), "python": platform.python_version(), "versions": versions}
+            "host": platform.node(), "python": platform.python_version(), "versions": versions,
+            "launches": cuda.launch_counts()}
 
 
 def write_report(name: str, report: dict, out_dir: Path) -> list[Path]:
-    """Write benchmark ``name``'s ``report`` as Markdown, JSON and PNG plots; the paths written."""
+    """Write benchmark ``name``'s ``report`` as Markdown, JSON and PNG plots; the paths written.
+
+    The Markdown ends with how this process's kernels were launched so far (through the driver,
+    through CuPy, and why), where any were.
+    """
     report.setdefault("environment", environment())
+    launches = report["environment"]["launches"]
+    if launches["driver"] or launches["cupy"]:
+        report["markdown"] += "\n\n" + launch_line(launches)
     md = out_dir / f"{name}.md"
     md.write_text(report["markdown"] + "\n")
     data = out_dir / f"{name}.json"
     data.write_text(json.dumps({k: v for k, v in report.items() if k != "markdown"}, indent=2,
                                default=_plain))
     return [md, data, *write_plots(name, report.get("plots", ()), out_dir)]
+
+
+def launch_line(launches: dict) -> str:
+    """One Markdown line of :func:`chunkernels.cuda.launch_counts`."""
+    reasons = "; ".join(f"{n} because {reason}" for reason, n in
+                        launches["fallback_reasons"].items())
+    return (f"Kernel launches in this process so far: {launches['driver']} through the driver "
+            f"(chunkernels' launch), {launches['cupy']} through CuPy"
+            + (f" (fallbacks: {reasons})." if reasons else "."))
 
 
 def _plain(value):
@@ -402,10 +420,11 @@ def wall_median(fn: Callable, repeat: int, warmup: int = 2,
 
 @contextlib.contextmanager
 def launches_holding_gil(hold: bool) -> Iterator[None]:
-    """Inside the block, kernels launch holding the GIL (``hold``, the library's way: see
-    :class:`chunkernels.cuda.Kernel`) or through CuPy, releasing it around each launch: the
-    benchmarks' rows that measure what holding it changes."""
-    with mock.patch.object(cuda, "LAUNCH_HOLDS_GIL", hold):
+    """Inside the block, kernels launch holding the GIL (``hold``, the library's way on local
+    schedulers: see :class:`chunkernels.cuda.Kernel`) or through CuPy, releasing it around each
+    launch: the benchmarks' rows that measure what holding it changes."""
+    with mock.patch.object(cuda, "LAUNCH_HOLDS_GIL", True if hold else cuda.LAUNCH_HOLDS_GIL), \
+            mock.patch.object(cuda, "LAUNCH_THROUGH_CUPY", not hold):
         yield
 
 
