@@ -13,10 +13,11 @@ import functools
 import os
 import re
 import struct
-import sys
 import threading
 from pathlib import Path
 from typing import Any
+
+from chunkernels._imports import imported
 
 #: NVRTC options every chunkernels kernel is compiled with. They belong to the library: users
 #: cannot pass compiler options, so a kernel behaves the same wherever it is compiled.
@@ -44,7 +45,7 @@ def cupy():
 
 def is_cupy_array(a: Any) -> bool:
     """Whether ``a`` is a ``cupy.ndarray``, answered without importing CuPy."""
-    cp = sys.modules.get("cupy")
+    cp = imported("cupy")  # not a half-imported one: no CuPy array exists before its import ends
     return cp is not None and isinstance(a, cp.ndarray)
 
 
