@@ -90,6 +90,11 @@ class KernelSpec:
     result_dtype
         ``result_dtype(x_dtype, *operand_dtypes, **params) -> numpy.dtype``; NumPy's promotion
         by default.
+    result_shape
+        ``result_shape(shape, **params) -> tuple``: the shape of the result on a block of
+        ``shape``, for a kernel whose result is not shaped like its input (a zoom's output
+        region, convolve2d's 'full' window); ``None``: the block's shape. Every block's result
+        is checked against it and ``result_dtype`` (reductions' partial statistics excepted).
     supports
         Extra check ``supports(block, *operands, **params) -> (bool, reason)`` run on GPU blocks
         after the dtype and ndim checks.
@@ -142,6 +147,7 @@ class KernelSpec:
     halo_rule: str = "0"
     boundary: Callable[..., str] = _edge_handled_by_kernel
     result_dtype: Callable[..., np.dtype] = _numpy_result_type
+    result_shape: Callable[..., tuple[int, ...]] | None = None
     supports: Callable[..., tuple[bool, str]] | None = None
     contiguous: bool = False
     validate: Callable[..., Mapping[str, Any]] | None = None
@@ -189,6 +195,8 @@ class KernelSpec:
             bad(f"partial and finalize belong to reduction kernels; this one is kind={self.kind!r}")
         if self.stack is not None and not callable(self.stack):
             bad("stack must be a function of the parameters, or None")
+        if self.result_shape is not None and not callable(self.result_shape):
+            bad("result_shape must be a function of the block's shape and the parameters, or None")
         if self.dask_graph is not None and not callable(self.dask_graph):
             bad("dask_graph must be a function that plans the kernel's Dask graph, or None")
         for name in self.skimage:
@@ -230,6 +238,12 @@ class KernelSpec:
         """Result dtype for inputs of these dtypes."""
         return np.dtype(self.result_dtype(np.dtype(x_dtype), *map(np.dtype, operand_dtypes),
                                           **(params or {})))
+
+    def out_shape(self, shape: tuple[int, ...], params=None) -> tuple[int, ...]:
+        """Result shape on a block of ``shape``: the block's own unless ``result_shape`` says."""
+        if self.result_shape is None:
+            return tuple(shape)
+        return tuple(int(n) for n in self.result_shape(tuple(shape), **(params or {})))
 
     def check_block(self, block, *operands, **params) -> tuple[bool, str]:
         """Whether the GPU path takes this block: ``(ok, reason)``."""
