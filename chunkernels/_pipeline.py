@@ -186,6 +186,7 @@ def _step(step: Any, strict: bool) -> BlockFunction:
         raise TypeError(f"pipeline step {step!r} is not a kernel name, a (kernel_name, params) "
                         f"pair with params a dict, nor a chunkernels.blockwise(...) function")
     spec = fn.spec
+    spec.check_parameters(fn.raw_params)  # a misspelt parameter is refused now, not when applied
     if spec.kind == "reduction":
         raise TypeError(f"pipeline step {spec.name} is a reduction: it combines the whole array, "
                         f"so it cannot run per chunk in a pipeline. Apply it to the pipeline's "
