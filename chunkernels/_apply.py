@@ -43,6 +43,7 @@ class BlockFunction:
                            for k, v in (params or {}).items()}
         self.strict = strict
         self._params: dict[int, dict[str, Any]] = {}
+        self._dtypes: dict[tuple, np.dtype] = {}
 
     def __repr__(self):
         params = ", ".join(f"{k}={v!r}" for k, v in self.raw_params.items())
@@ -84,16 +85,29 @@ class BlockFunction:
             out.update(depth=depth, boundary=self.spec.boundary(**params))
         return out
 
+    def _out_dtype(self, ndim: int, dtypes: tuple) -> np.dtype:
+        """Result dtype for ``ndim``-d blocks of these input dtypes (cached: run_block checks
+        every block's result against it, and working it out costs microseconds)."""
+        key = (ndim, *dtypes)
+        dtype = self._dtypes.get(key)
+        if dtype is None:
+            dtype = self._dtypes[key] = self.spec.out_dtype(dtypes[0], dtypes[1:],
+                                                            self.params(ndim))
+        return dtype
+
     def __call__(self, block, *operands):
         ensure_registered(self.spec)
-        return run_block(self.spec, block, operands, self.params(block.ndim), strict=self.strict)
+        out_dtype = self._out_dtype(block.ndim, (block.dtype, *(o.dtype for o in operands)))
+        return run_block(self.spec, block, operands, self.params(block.ndim), strict=self.strict,
+                         out_dtype=out_dtype)
 
     def stacked(self, stack):
         """The kernel on each entry of ``stack`` (blocks of one shape along a new leading axis)
         in one run, with the spec's ``stack`` parameters; its result stacks the blocks' results."""
         ensure_registered(self.spec)
         params = self.spec.stack(self.params(stack.ndim - 1))
-        return run_block(self.spec, stack, (), params, strict=self.strict)
+        return run_block(self.spec, stack, (), params, strict=self.strict,
+                         out_dtype=self._out_dtype(stack.ndim - 1, (stack.dtype,)))
 
     def __dask_tokenize__(self):
         from dask.base import tokenize

@@ -9,21 +9,32 @@ from typing import Any
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels._errors import CPUFallbackWarning, GPUOutOfMemoryError, UnsupportedBlockError
+from chunkernels._errors import (
+    CPUFallbackWarning,
+    GPUOutOfMemoryError,
+    KernelResultError,
+    UnsupportedBlockError,
+)
 from chunkernels._registry import KernelSpec
 
 
 def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
-              params: Mapping[str, Any] | None = None, *, strict: bool = False):
+              params: Mapping[str, Any] | None = None, *, strict: bool = False,
+              out_dtype=None):
     """Compute kernel ``spec`` on block ``x`` (and its operand blocks); same array type out.
 
     A 0-size block (Dask's meta inference passes them, with the original strides) returns an
     empty result without launching anything. For a reduction kernel the result is the block's
-    partial statistics (``spec.partial`` on the CPU, ``spec.gpu`` on the device). A block the GPU path refuses (``spec.check_block``)
-    is computed by the CPU reference with a :class:`CPUFallbackWarning`, or raises
-    :class:`UnsupportedBlockError` under ``strict=True``. A GPU path that runs out of device
-    memory raises :class:`GPUOutOfMemoryError`, which says how much the block needed and how to
-    chunk smaller.
+    partial statistics (``spec.partial`` on the CPU, ``spec.gpu`` on the device). A block the
+    GPU path refuses (``spec.check_block``) is computed by the CPU reference with a
+    :class:`CPUFallbackWarning`, or raises :class:`UnsupportedBlockError` under
+    ``strict=True``. A GPU path that runs out of device memory raises
+    :class:`GPUOutOfMemoryError`, which says how much the block needed and how to chunk smaller.
+
+    Every result but a reduction's partials is checked against what the spec declares: the
+    shape ``spec.out_shape(x.shape, params)`` and the dtype ``out_dtype`` (the dtype the caller
+    declared for the result, ``spec.out_dtype`` of the inputs by default; callers that run many
+    blocks pass it, worked out once). A result that differs raises :class:`KernelResultError`.
     """
     params = params or {}
     gpu = cuda.is_cupy_array(x)
@@ -34,7 +45,10 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
         dtype = spec.out_dtype(x.dtype, [o.dtype for o in operands], params)
         return xp.empty(x.shape, dtype=dtype)
     if not gpu:
-        return np.asarray(cpu(x, *(_to_host(o) for o in operands), **params))
+        result = np.asarray(cpu(x, *(_to_host(o) for o in operands), **params))
+        if reduction:
+            return result
+        return _checked(spec, "CPU reference", result, x, operands, params, out_dtype)
 
     with x.device:
         operands = tuple(o if cuda.is_cupy_array(o) else xp.asarray(o) for o in operands)
@@ -53,14 +67,21 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
                 stacklevel=3,
             )
             host = cpu(xp.asnumpy(x), *(xp.asnumpy(o) for o in operands), **params)
-            return xp.asarray(host)
+            if reduction:
+                return xp.asarray(host)
+            return _checked(spec, "CPU reference", xp.asarray(host), x, operands, params,
+                            out_dtype)
         try:
             if spec.contiguous:  # the spec says its kernel needs C order: the copy is deliberate
                 x = xp.ascontiguousarray(x)
                 operands = tuple(xp.ascontiguousarray(o) for o in operands)
-            return spec.gpu(x, *operands, **params)
+            result = spec.gpu(x, *operands, **params)
         except MemoryError as exc:  # CuPy's OutOfMemoryError and RMM's bad_alloc both are
             failure = f"{type(exc).__name__}: {exc}"
+        else:
+            if reduction:
+                return result
+            return _checked(spec, "GPU dispatch", result, x, operands, params, out_dtype)
         # raised outside the except block, so that no frame of the failed launch (and none of
         # its device buffers) stays referenced from the error while it travels to the client
         raise out_of_memory_error(spec.name, x.shape, x.dtype, x.device,
@@ -73,6 +94,29 @@ def finalize(spec: KernelSpec, params: Mapping[str, Any], dtypes, partials):
     xp = cuda.array_module(partials[0])
     stats = xp.concatenate([xp.asarray(p).reshape(-1, p.shape[-1]) for p in partials])
     return xp.asarray(spec.finalize(stats, dtypes, **params))
+
+
+def _checked(spec: KernelSpec, path: str, result, x, operands, params, out_dtype):
+    """``result`` of ``spec`` on block ``x`` when it has the declared shape and dtype; else a
+    :class:`KernelResultError` naming both. Cheap: attribute reads and two comparisons, the
+    expected shape worked out only for kernels that declare ``result_shape``."""
+    shape = getattr(result, "shape", None)
+    dtype = getattr(result, "dtype", None)
+    want_shape = x.shape if spec.result_shape is None else spec.out_shape(x.shape, params)
+    if out_dtype is None:
+        out_dtype = spec.out_dtype(x.dtype, [o.dtype for o in operands], params)
+    if shape == want_shape and dtype == out_dtype:
+        return result
+    if shape is None or dtype is None:
+        got = f"a {type(result).__module__}.{type(result).__qualname__}, not an array"
+    else:
+        got = f"shape {tuple(shape)} {dtype}"
+    raise KernelResultError(
+        f"kernel {spec.name!r}: its {path} returned {got} for a block of shape {x.shape} "
+        f"{x.dtype}, where the kernel's spec declares shape {tuple(want_shape)} "
+        f"{np.dtype(out_dtype)} (the Dask array is built with what the spec declares, so its "
+        f"chunks would not match it). Make the {path} return that, or declare what it returns: "
+        f"KernelSpec(result_dtype=..., result_shape=...)")
 
 
 def out_of_memory_error(kernel: str, shape: tuple[int, ...], dtype, device, depth: Sequence,

@@ -19,6 +19,15 @@ class KernelSpecError(ValueError):
     """A kernel description that is incomplete or contradicts itself."""
 
 
+class KernelResultError(KernelSpecError):
+    """A kernel's result on a block that is not what its spec declares (shape or dtype).
+
+    Raised by :func:`chunkernels.run_block` for each block, so that a Dask array declared with
+    one shape and dtype never computes to another. The message names the kernel, the path that
+    returned the result (CPU reference or GPU dispatch) and both shapes and dtypes.
+    """
+
+
 class AlignmentError(ValueError):
     """Extra array operands whose shape or chunks do not line up with ``x``."""
 

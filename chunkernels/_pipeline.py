@@ -156,7 +156,8 @@ def pipeline(steps: Iterable, *, strict: bool = False) -> Pipeline:
     UnknownKernelError
         A step names no registered kernel.
     TypeError
-        A step is not one of the forms above, takes array operands, or is a reduction.
+        A step is not one of the forms above, takes array operands, is a reduction, or is not
+        blockwise (a kernel that plans its own Dask graph: ``label``, ``zoom``).
     ValueError
         No steps.
 
@@ -187,6 +188,7 @@ def _step(step: Any, strict: bool) -> BlockFunction:
         raise TypeError(f"pipeline step {step!r} is not a kernel name, a (kernel_name, params) "
                         f"pair with params a dict, nor a chunkernels.blockwise(...) function")
     spec = fn.spec
+    spec.check_parameters(fn.raw_params)  # a misspelt parameter is refused now, not when applied
     if spec.kind == "reduction":
         raise TypeError(f"pipeline step {spec.name} is a reduction: it combines the whole array, "
                         f"so it cannot run per chunk in a pipeline. Apply it to the pipeline's "
@@ -195,4 +197,14 @@ def _step(step: Any, strict: bool) -> BlockFunction:
         raise TypeError(f"pipeline step {spec.name} takes array operands ({', '.join(spec.operands)})"
                         f"; a step gets only the previous step's result. Apply it on its own: "
                         f"chunkernels.apply(x, {spec.name!r}, ...)")
+    if spec.dask_graph is not None:
+        # Its result on a chunk is not its result on the whole array there, whatever the halo
+        # (labels merged across chunks, an output of another shape): per chunk it would be
+        # silently wrong (label) or fail at compute (zoom), so it is refused before any graph.
+        raise TypeError(
+            f"pipeline step {spec.name} is not blockwise: its result on a chunk depends on more "
+            f"than the chunk and a halo around it, or has another shape (it plans its own Dask "
+            f"graph), so a pipeline, which runs every step on one chunk "
+            f"at a time, would get it wrong. End the pipeline before it and apply it to the "
+            f"pipeline's output: chunkernels.apply(p(x), {spec.name!r}, ...)")
     return fn

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import inspect
 import re
 import textwrap
 import threading
@@ -46,6 +47,28 @@ def _edge_handled_by_kernel(**params: Any) -> str:
 
 def _numpy_result_type(x_dtype: np.dtype, *operand_dtypes: np.dtype, **params: Any) -> np.dtype:
     return np.result_type(x_dtype, *operand_dtypes)
+
+
+def _keyword_parameters(fn: Callable, skip: int) -> tuple[tuple[str, ...], frozenset] | None:
+    """``(names, required names)`` of the parameters ``fn`` takes by keyword after its first
+    ``skip`` positional ones; ``None`` where it takes any (``**params``) or has no signature."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # some builtins and extension functions have none
+        return None
+    names, required = [], set()
+    for p in signature.parameters.values():
+        if p.kind is p.VAR_KEYWORD:
+            return None
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and skip:
+            skip -= 1
+            continue
+        if p.kind in (p.POSITIONAL_ONLY, p.VAR_POSITIONAL):
+            continue
+        names.append(p.name)
+        if p.default is p.empty:
+            required.add(p.name)
+    return tuple(names), frozenset(required)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +113,11 @@ class KernelSpec:
     result_dtype
         ``result_dtype(x_dtype, *operand_dtypes, **params) -> numpy.dtype``; NumPy's promotion
         by default.
+    result_shape
+        ``result_shape(shape, **params) -> tuple``: the shape of the result on a block of
+        ``shape``, for a kernel whose result is not shaped like its input (a zoom's output
+        region, convolve2d's 'full' window); ``None``: the block's shape. Every block's result
+        is checked against it and ``result_dtype`` (reductions' partial statistics excepted).
     supports
         Extra check ``supports(block, *operands, **params) -> (bool, reason)`` run on GPU blocks
         after the dtype and ndim checks.
@@ -142,6 +170,7 @@ class KernelSpec:
     halo_rule: str = "0"
     boundary: Callable[..., str] = _edge_handled_by_kernel
     result_dtype: Callable[..., np.dtype] = _numpy_result_type
+    result_shape: Callable[..., tuple[int, ...]] | None = None
     supports: Callable[..., tuple[bool, str]] | None = None
     contiguous: bool = False
     validate: Callable[..., Mapping[str, Any]] | None = None
@@ -189,6 +218,8 @@ class KernelSpec:
             bad(f"partial and finalize belong to reduction kernels; this one is kind={self.kind!r}")
         if self.stack is not None and not callable(self.stack):
             bad("stack must be a function of the parameters, or None")
+        if self.result_shape is not None and not callable(self.result_shape):
+            bad("result_shape must be a function of the block's shape and the parameters, or None")
         if self.dask_graph is not None and not callable(self.dask_graph):
             bad("dask_graph must be a function that plans the kernel's Dask graph, or None")
         for name in self.skimage:
@@ -204,14 +235,63 @@ class KernelSpec:
         # dtype objects hash and compare faster than dtype.name builds its string: the per-block
         # check runs on every chunk
         object.__setattr__(self, "_gpu_dtypes", frozenset(np.dtype(d) for d in self.dtypes))
+        # the parameters the kernel takes: validate's after ndim, else the CPU reference's after
+        # x and the operands (read once here, checked on every call by check_parameters)
+        object.__setattr__(self, "_parameters", _keyword_parameters(self.validate, 1)
+                           if self.validate is not None
+                           else _keyword_parameters(self.cpu, 1 + len(self.operands)))
 
     # -- derived facts, computed the same way everywhere -------------------------------------
 
     def params(self, ndim: int, params: Mapping[str, Any]) -> dict[str, Any]:
-        """Validated, normalised parameters for an ``ndim``-dimensional input."""
+        """Validated, normalised parameters for an ``ndim``-dimensional input.
+
+        Raises
+        ------
+        TypeError
+            A parameter the kernel does not take, or one it needs missing
+            (:meth:`check_parameters`).
+        """
+        self.check_parameters(params)
         if self.validate is None:
             return dict(params)
         return dict(self.validate(ndim, **params))
+
+    @property
+    def parameters(self) -> tuple[str, ...] | None:
+        """Names of the parameters the kernel takes (its ``validate``'s, else its CPU
+        reference's), in order; ``None`` where it takes any (a ``**params`` catch-all)."""
+        return None if self._parameters is None else self._parameters[0]
+
+    def check_parameters(self, params: Mapping[str, Any]) -> None:
+        """Raise ``TypeError`` naming the kernel, its parameters and the closest match for a
+        parameter it does not take, or naming a parameter it needs that is missing.
+
+        Checked once here for every kernel, instead of Python's "validate() got an unexpected
+        keyword argument 'sigmaa'", which names neither the kernel nor what it takes. A kernel
+        whose ``validate`` takes ``**params`` checks its own.
+        """
+        if self._parameters is None:
+            return
+        names, required = self._parameters
+        unknown = [k for k in params if k not in names]
+        missing = [k for k in names if k in required and k not in params]
+        if not unknown and not missing:
+            return
+        takes = (f"{self.name} takes " + ", ".join(f"{n} (required)" if n in required else n
+                                                   for n in names)
+                 if names else f"{self.name} takes no parameters")
+        if unknown:
+            hints = []
+            for k in unknown:
+                close = difflib.get_close_matches(str(k), names, n=1, cutoff=0.6)
+                hints.append(f"{k!r} (did you mean {close[0]!r}?)" if close else repr(k))
+            raise TypeError(f"{self.name} got unknown parameter{'s' * (len(unknown) > 1)} "
+                            f"{', '.join(hints)}; {takes}")
+        raise TypeError(
+            f"{self.name} needs parameter{'s' * (len(missing) > 1)} {', '.join(map(repr, missing))}"
+            f", which {'have' if len(missing) > 1 else 'has'} no default; {takes}. E.g. "
+            f"chunkernels.apply(x, {self.name!r}, {', '.join(f'{k}=...' for k in missing)})")
 
     def depth(self, ndim: int, params: Mapping[str, Any]) -> tuple[int, ...]:
         """Per-axis halo depth for validated ``params``."""
@@ -230,6 +310,12 @@ class KernelSpec:
         """Result dtype for inputs of these dtypes."""
         return np.dtype(self.result_dtype(np.dtype(x_dtype), *map(np.dtype, operand_dtypes),
                                           **(params or {})))
+
+    def out_shape(self, shape: tuple[int, ...], params=None) -> tuple[int, ...]:
+        """Result shape on a block of ``shape``: the block's own unless ``result_shape`` says."""
+        if self.result_shape is None:
+            return tuple(shape)
+        return tuple(int(n) for n in self.result_shape(tuple(shape), **(params or {})))
 
     def check_block(self, block, *operands, **params) -> tuple[bool, str]:
         """Whether the GPU path takes this block: ``(ok, reason)``."""
@@ -314,7 +400,7 @@ def register(spec: KernelSpec | None = None, /, *, replace: bool = False,
         When the name is taken and ``replace`` is false.
     """
     if spec is None:
-        spec = KernelSpec(**fields)
+        spec = _spec_from_fields(fields)
     elif fields:
         raise TypeError("pass either a KernelSpec or its fields as keywords, not both")
     if not isinstance(spec, KernelSpec):
@@ -333,6 +419,33 @@ def register(spec: KernelSpec | None = None, /, *, replace: bool = False,
         _REGISTRY[spec.name] = spec
         _ORIGIN[spec.name] = origin
     return spec
+
+
+def _spec_from_fields(fields: Mapping[str, Any]) -> KernelSpec:
+    """``KernelSpec(**fields)``, with an error naming the kernel, the field(s) missing or
+    unknown and an example instead of the dataclass's bare ``__init__()`` TypeError."""
+    known = [f.name for f in dataclasses.fields(KernelSpec)]
+    needed = [f.name for f in dataclasses.fields(KernelSpec)
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    kernel = f"kernel {fields['name']!r}" if "name" in fields else "a kernel without a name"
+    unknown = [k for k in fields if k not in known]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, known, n=2, cutoff=0.5)
+            hints.append(f"{k!r} (did you mean {' or '.join(map(repr, close))}?)" if close
+                         else repr(k))
+        raise TypeError(f"register() of {kernel}: unknown KernelSpec field(s) {', '.join(hints)}; "
+                        f"the fields are {', '.join(known)}")
+    missing = [k for k in needed if k not in fields]
+    if missing:
+        raise TypeError(
+            f"register() of {kernel}: missing {' and '.join(missing)} (a KernelSpec needs "
+            f"{' and '.join(needed)}: the kernel's name and its CPU reference, which defines the "
+            f"result). E.g. chunkernels.register(name={fields.get('name', 'my_add')!r}, "
+            f"cpu=reference, gpu=dispatch, code=CUDA_SOURCE), where reference(x, *operands, "
+            f"**params) returns the result as a NumPy array")
+    return KernelSpec(**fields)
 
 
 def unregister(name: str) -> KernelSpec:

@@ -17,10 +17,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import sys
 from typing import Any
 
 from chunkernels import cuda
+from chunkernels._imports import imported
 
 #: The install that brings dask-cuda and CuPy, named in errors.
 CUDA_EXTRA = "pip install 'chunkernels[cuda12]'  (or [cuda13])"
@@ -127,9 +127,10 @@ def current() -> Any | None:
     when there is none (local threads or processes).
 
     Asking imports nothing: without distributed imported there is no client, and importing it
-    (about half a second) would slow every caller on a machine that never starts one.
+    (about half a second) would slow every caller on a machine that never starts one. While
+    another thread is still importing distributed there is no client either.
     """
-    distributed = sys.modules.get("distributed")
+    distributed = imported("distributed")
     if distributed is None:
         return None
     try:

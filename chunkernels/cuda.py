@@ -14,13 +14,13 @@ import itertools
 import os
 import re
 import struct
-import sys
 import threading
 import warnings
 from pathlib import Path
 from typing import Any
 
 from chunkernels._errors import KernelArgumentError, LaunchFallbackError, LaunchFallbackWarning
+from chunkernels._imports import imported
 
 #: NVRTC options every chunkernels kernel is compiled with. They belong to the library: users
 #: cannot pass compiler options, so a kernel behaves the same wherever it is compiled.
@@ -48,7 +48,7 @@ def cupy():
 
 def is_cupy_array(a: Any) -> bool:
     """Whether ``a`` is a ``cupy.ndarray``, answered without importing CuPy."""
-    cp = sys.modules.get("cupy")
+    cp = imported("cupy")  # not a half-imported one: no CuPy array exists before its import ends
     return cp is not None and isinstance(a, cp.ndarray)
 
 
@@ -600,7 +600,7 @@ def _function_handle(raw) -> int:
     try:
         return int(raw.kernel.ptr)
     except AttributeError as exc:
-        version = getattr(sys.modules.get("cupy"), "__version__", "?")
+        version = getattr(imported("cupy"), "__version__", "?")
         raise _NoLayout(f"CuPy {version} gives no function handle (RawKernel.kernel.ptr: "
                         f"{exc})") from None
 
@@ -654,7 +654,7 @@ def _driver_version(driver) -> str:
 def _on_distributed_worker() -> bool:
     """Whether this thread runs a Dask ``distributed`` worker's task (never imports
     ``distributed``: a process that has not imported it runs no worker)."""
-    distributed = sys.modules.get("distributed")
+    distributed = imported("distributed")  # a half-imported one runs no worker yet
     if distributed is None:
         return False
     try:

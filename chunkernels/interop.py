@@ -22,7 +22,7 @@ whatever PyTorch queued before the call and before whatever it queues after: no
 synchronisation is needed on either side.
 
 PyTorch is never imported here: a tensor can only exist once the caller has imported torch, so
-the module is looked up in ``sys.modules``.
+the module is looked up in ``sys.modules`` (once its import has finished).
 """
 
 from __future__ import annotations
@@ -30,16 +30,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import sys
 from typing import Any
 
 import numpy as np
 
 from chunkernels import cuda
+from chunkernels._imports import imported
 
 
 def _torch():
-    return sys.modules.get("torch")
+    return imported("torch")
 
 
 def is_tensor(a: Any) -> bool:

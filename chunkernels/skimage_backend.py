@@ -42,13 +42,13 @@ import inspect
 import math
 import numbers
 import os
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 
 from chunkernels import cuda, metrics
+from chunkernels._imports import imported
 
 #: Set to ``1`` to let the backend take plain NumPy arrays (copied to the GPU).
 NUMPY_ENV = "CHUNKERNELS_SKIMAGE_NUMPY"
@@ -174,7 +174,7 @@ def _array_kind(a: Any) -> str | None:
         return "numpy"
     if cuda.is_cupy_array(a):
         return "cupy"
-    dask_array = sys.modules.get("dask.array")
+    dask_array = imported("dask.array")
     if dask_array is not None and isinstance(a, dask_array.Array):
         meta = getattr(a, "_meta", None)
         if type(meta) is np.ndarray:

@@ -24,6 +24,7 @@ from chunkernels import (
     AlignmentError,
     CPUFallbackWarning,
     HaloError,
+    KernelResultError,
     KernelSpec,
     UnknownKernelError,
     UnsupportedBlockError,
@@ -622,6 +623,99 @@ def test_user_kernel_on_cupy_blocks(scaled_subtract):
         got = z.compute(scheduler="sync")
     assert type(got) is cp.ndarray
     assert_close(got, (x_np - y_np) * 2)
+
+
+# -- every block's result is checked against the spec ---------------------------------------------
+
+
+def _crop_to_int8(x):
+    """Issue #20's misbehaving reference: 3 rows of int8, whatever it is given."""
+    return x[:3].astype(np.int8)
+
+
+CROPPING = KernelSpec(name="cropping", cpu=_crop_to_int8, dtypes=("float64",))
+
+
+def test_a_result_of_another_shape_and_dtype_than_declared_raises_naming_both():
+    """Issue #20: the Dask result was declared (20, 24) float64 and computed to (3, 24) int8."""
+    chunkernels.register(CROPPING)
+    x = np.zeros((20, 24))
+    z = chunkernels.apply(da.from_array(x, chunks=(10, 24)), "cropping")
+    assert (z.shape, z.dtype) == ((20, 24), np.float64)  # what the spec declares
+    message = (r"^kernel 'cropping': its CPU reference returned shape \(3, 24\) int8 for a block "
+               r"of shape \(10, 24\) float64, where the kernel's spec declares shape \(10, 24\) "
+               r"float64 \(the Dask array is built with what the spec declares, so its chunks "
+               r"would not match it\)\. Make the CPU reference return that, or declare what it "
+               r"returns: KernelSpec\(result_dtype=\.\.\., result_shape=\.\.\.\)$")
+    with pytest.raises(KernelResultError, match=message):
+        z.compute()
+    with pytest.raises(KernelResultError, match=message.replace("10, 24", "20, 24")):
+        chunkernels.apply(x, "cropping")  # NumPy in, NumPy out: checked the same
+    assert issubclass(KernelResultError, chunkernels.KernelSpecError)
+
+
+@pytest.mark.parametrize("fields, got", [
+    ({"cpu": lambda x: x.astype(np.float32)}, r"shape \(4, 6\) float32"),        # dtype only
+    ({"cpu": lambda x: x[:, :5]}, r"shape \(4, 5\) float64"),                      # shape only
+    ({"cpu": lambda x: x, "result_dtype": lambda x_dtype: np.dtype(np.int32)},   # the spec lies
+     r"shape \(4, 6\) float64"),
+    ({"cpu": lambda x: x, "result_shape": lambda shape: (shape[0], shape[1] + 2)},
+     r"shape \(4, 6\) float64"),
+])
+def test_each_mismatch_is_caught_on_every_block(fields, got):
+    spec = KernelSpec(name="liar", **fields)
+    with pytest.raises(KernelResultError, match=rf"'liar': its CPU reference returned {got} "):
+        run_block(spec, np.zeros((4, 6)))
+    chunkernels.register(spec)
+    with pytest.raises(KernelResultError, match=rf"'liar': its CPU reference returned {got} "):
+        chunkernels.apply(da.zeros((8, 6), chunks=(4, 6)), "liar").compute()
+
+
+def test_a_declared_result_shape_is_the_one_checked():
+    """A kernel whose result is not shaped like its block says so with ``result_shape``."""
+    spec = KernelSpec(name="trim", cpu=lambda x: x[1:-1],
+                      result_shape=lambda shape: (shape[0] - 2, *shape[1:]))
+    assert run_block(spec, np.zeros((5, 3))).shape == (3, 3)
+    assert spec.out_shape((5, 3)) == (3, 3)
+    assert chunkernels.get("zoom").out_shape((4, 4), {"taps": (np.zeros((7, 2)),) * 2}) == (7, 7)
+    with pytest.raises(chunkernels.KernelSpecError, match="result_shape must be a function"):
+        KernelSpec(name="k", cpu=np.negative, result_shape=(3, 3))
+
+
+def test_the_gpu_dispatch_and_the_cpu_fallback_are_checked(fake_cupy):
+    spec = KernelSpec(name="gpu_liar", cpu=lambda x: x[:1], gpu=lambda x: x.astype(np.float32),
+                      ndim=(1, 2), supports=lambda x: (x.shape[-1] % 2 == 0, "odd rows"))
+    even, odd = fake_cupy.asarray(np.zeros((2, 4))), fake_cupy.asarray(np.zeros((2, 3)))
+    with pytest.raises(KernelResultError, match=r"'gpu_liar': its GPU dispatch returned shape "
+                                                r"\(2, 4\) float32 for a block of shape \(2, 4\) "
+                                                r"float64, where the kernel's spec declares shape "
+                                                r"\(2, 4\) float64"):
+        run_block(spec, even)
+    with pytest.warns(CPUFallbackWarning), pytest.raises(
+            KernelResultError, match=r"'gpu_liar': its CPU reference returned shape \(1, 3\) "):
+        run_block(spec, odd)
+    tuple_spec = dataclasses.replace(spec, gpu=lambda x: (x, 1))
+    with pytest.raises(KernelResultError, match=r"GPU dispatch returned a builtins\.tuple, not "
+                                                r"an array for a block"):
+        run_block(tuple_spec, even)
+
+
+def test_reductions_partials_are_not_checked_as_results():
+    x = np.arange(12.0).reshape(3, 4)
+    got = chunkernels.apply(da.from_array(x, chunks=2), "mean_squared_error", x + 1).compute()
+    assert got == pytest.approx(1.0)
+
+
+def test_the_result_dtype_is_worked_out_once_per_dtype_not_per_block(moving_sum, monkeypatch):
+    """The check runs on every block; the dtype it checks against is cached by the block
+    function, so a graph of many blocks asks the spec once."""
+    calls = []
+    spec = dataclasses.replace(MOVING_SUM, result_dtype=lambda *d, **p: calls.append(d) or d[0])
+    fn = chunkernels.BlockFunction(spec, {"radius": 1})
+    for _ in range(5):
+        fn(np.zeros((3, 4)))
+    fn(np.zeros((3, 4), np.float32))
+    assert calls == [(np.dtype(np.float64),), (np.dtype(np.float32),)]
 
 
 # -- the graph of a zero-halo kernel --------------------------------------------------------------

@@ -197,3 +197,76 @@ def test_current_client_is_none_without_a_client_and_imports_nothing():
     with cluster.client(gpus=0, **QUIET) as c:
         assert cluster.current() is c
     assert cluster.current() is None
+
+
+#: Run in a fresh interpreter, where distributed is not imported yet: threads build and compute
+#: chunked labellings (``label`` asks ``cluster.current()`` while building its graph) while the
+#: main thread imports distributed. The import of ``distributed.client`` is slowed down by a
+#: second, so that ``distributed`` sits half-initialised in ``sys.modules``, without its
+#: ``default_client``, for as long as the threads need to meet it there: the race of issue #20
+#: made deterministic.
+_RACE = r"""
+import importlib.machinery, sys, threading, time
+
+class SlowClientImport:
+    def find_spec(self, name, path, target=None):
+        if name != "distributed.client":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        exec_module = spec.loader.exec_module
+        def slowly(module):
+            time.sleep(1.0)
+            exec_module(module)
+        spec.loader.exec_module = slowly
+        return spec
+
+import dask.array as da
+import numpy as np
+import chunkernels.ndimage as cnd
+
+x_np = np.random.default_rng(0).random((40, 50)) > 0.5
+x = da.from_array(x_np, chunks=(16, 20))
+cnd.label(x)  # warm up: the kernels' modules imported, the graph built once
+assert "distributed" not in sys.modules, "the test needs a process without distributed"
+expected = cnd.label(x_np)[0]
+sys.meta_path.insert(0, SlowClientImport())
+errors, calls, stop = [], [0], threading.Event()
+
+def loop():
+    while not stop.is_set():
+        try:
+            labels, _ = cnd.label(x)
+            assert (labels.compute(scheduler="threads") == expected).all()
+            calls[0] += 1
+        except BaseException as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+            return
+
+threads = [threading.Thread(target=loop) for _ in range(4)]
+for t in threads:
+    t.start()
+time.sleep(0.05)
+import distributed  # noqa: E402,F401 - the import under test
+stop.set()
+for t in threads:
+    t.join(timeout=60)
+assert not any(t.is_alive() for t in threads), "a labelling thread hangs"
+print("calls", calls[0])
+print("errors", errors)
+"""
+
+
+def test_current_is_safe_while_another_thread_imports_distributed():
+    """Issue #20: ``cluster.current()`` met ``distributed`` half-imported by another thread and
+    called its missing ``default_client``; labelling threads crashed with AttributeError."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.dirname(os.path.dirname(chunkernels.__file__)), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", _RACE], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert lines["errors"] == "[]"
+    assert int(lines["calls"]) > 0  # the threads labelled while distributed was imported

@@ -346,7 +346,8 @@ def labelled(rng, shape, dtype="float64"):
 
 def indexes(n):
     """Index variants: none, scalars present and absent, every label, and a list in any order
-    with repeats, absent labels, the background and labels no integer label can equal."""
+    with repeats, absent labels, the background and negative labels; integers as floats (a
+    float that is no integer is refused with integer labels: test_float_index_...)."""
     return {
         "none": None,
         "scalar": min(3, n),
@@ -354,17 +355,12 @@ def indexes(n):
         "all": np.arange(1, n + 1),
         "range": range(1, n + 1),
         "list": [n, 2, 2, 0, n + 5, 1, -4],
-        "float-list": np.array([1.0, 3.0, 2.5, np.nan]),
+        "float-list": np.array([1.0, 3.0, 2.0, -4.0, 0.0]),
         "2d": np.array([[1, 2], [n + 1, 0]]),
     }
 
 
 def _scipy(fn, x, labels, index):
-    if isinstance(index, np.ndarray) and index.dtype.kind == "f":
-        # scipy truncates 2.5 to 2 on some paths; chunkernels matches labels exactly, so the
-        # reference is computed without the value no label can equal
-        got = getattr(ndi, fn)(x, labels, np.where(np.isnan(index) | (index % 1 != 0), -99, index))
-        return got
     return getattr(ndi, fn)(x, labels, index)
 
 
@@ -778,6 +774,107 @@ def test_errors(backend):
         host(ndimage.minimum(x, on(backend, np.zeros((3, 4), int))))
     with pytest.raises(ValueError, match="zero-size array to reduction operation maximum"):
         host(ndimage.maximum_position(x, on(backend, np.ones((3, 4), int)), 2))
+
+
+INDEX_FUNCTIONS = VALUE_FUNCTIONS + POSITION_FUNCTIONS + ("extrema",)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask"])
+@pytest.mark.parametrize("fn", INDEX_FUNCTIONS)
+@pytest.mark.parametrize("index, shown", [([1.5], "1.5"), ([2.0, np.nan], "nan"),
+                                          (np.array([np.inf, 2.5, 1.0]), "2.5, inf")])
+def test_float_index_that_is_no_integer_is_refused_with_integer_labels(backend, fn, index, shown):
+    """Issue #20: a float index [1.5] gave 0 on Dask, where scipy gives label 1's sum (it
+    truncates), and a NaN index was accepted where scipy raises. scipy truncates only when the
+    labels are of an integer dtype it reads as intp and all lie in 0..labels.size (else it
+    matches exactly, and some functions raise for NaN), so no lazy result can follow it: every
+    array type refuses, before any work."""
+    x = np.arange(12.0).reshape(3, 4)
+    labels = np.array([[1, 1, 0, 2], [0, 2, 2, 0], [3, 0, 0, 1]])
+    for dtype in ("int8", "uint16", "int32", "uint32", "int64"):
+        with pytest.raises(ValueError, match=(
+                rf"^{fn}: the index holds {shown}, not integer label numbers\. With labels of "
+                rf"dtype {dtype}, scipy\.ndimage truncates such values \(2\.5 to label 2\) when "
+                rf"every label lies in 0\.\.labels\.size, matches no label otherwise, and raises "
+                rf"for NaN or infinity in some functions: the result would depend on the labels' "
+                rf"values, so they are refused\. Give integer label numbers: index=numpy\.trunc"
+                rf"\(index\)\.astype\(int\) for scipy's truncation, or leave those values out$")):
+            getattr(ndimage, fn)(on(backend, x), on(backend, labels.astype(dtype)), index)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask"])
+@pytest.mark.parametrize("fn", INDEX_FUNCTIONS)
+def test_float_index_where_scipy_matches_exactly(backend, fn):
+    """Where scipy compares index and labels exactly (a scalar index; float, bool or uint64
+    labels), a float index is taken and the results are scipy's."""
+    x = np.arange(12.0).reshape(3, 4)
+    labels = np.array([[1, 1, 0, 2], [0, 2, 2, 0], [3, 0, 0, 1]])
+    cases = [(labels.astype("float32") / 2, [0.5, 1.5, 0.75, np.nan]),
+             (labels.astype("uint64"), [1.5, 2.0, np.nan]),
+             (labels.astype(bool), [1.0, 0.5])]
+    if fn not in ("minimum", "maximum", "minimum_position", "maximum_position", "extrema",
+                  "median"):
+        cases += [(labels, 1.5), (labels, np.nan)]  # absent scalars: scipy's empty result
+    for lab, index in cases:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected = getattr(ndi, fn)(x, lab, index)
+            got = getattr(ndimage, fn)(on(backend, x), on(backend, lab), index)
+            if fn == "extrema":
+                for g, e in zip(got[:2], expected[:2]):
+                    close(g, np.asarray(e), err_msg=f"{lab.dtype} {index}")
+            elif fn in ("minimum_position", "maximum_position"):
+                assert positions(got) == positions(expected), f"{lab.dtype} {index}"
+            else:
+                close(got, np.asarray(expected), err_msg=f"{lab.dtype} {index}")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask"])
+def test_a_uint64_index_list_up_to_2_64_minus_1(backend):
+    """Issue #20: ``[1, 2**64 - 1]`` as a list got an internal message on Dask ("index must be
+    a 1-D array of sorted, unique labels"): NumPy makes the list float64, which holds 2**64 - 1
+    as 2**64. The list's integers are now taken exactly, as scipy takes a uint64 array."""
+    x = np.arange(16.0).reshape(4, 4)
+    labels = np.zeros((4, 4), np.uint64)
+    labels[0, :2], labels[1:3, 1:3], labels[3, 3] = 1, 2**64 - 1, 2**64 - 2
+    for index in ([1, 2**64 - 1], [[2**64 - 1, 0], [2**64 - 2, 7]], (2**64 - 1,)):
+        exact = np.array(index, dtype=np.uint64)
+        for fn in VALUE_FUNCTIONS + ("center_of_mass",):
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                expected = getattr(ndi, fn)(x, labels, exact)
+                got = getattr(ndimage, fn)(on(backend, x), on(backend, labels), index)
+            if backend == "dask":  # NumPy input runs scipy on the list, with its float64 rounding
+                close(got, np.asarray(expected), err_msg=f"{fn} {index}")
+    got = ndimage.sum_labels(on("dask", x), on("dask", labels), [1, 2**64 - 1])
+    close(got, np.array([1.0, 30.0]))  # label 2**64 - 1 is 5 + 6 + 9 + 10; 2**64 - 2 is 15
+    with pytest.raises(ValueError, match=r"^index holds the integers -1 and 18446744073709551615, "
+                                         r"which no integer dtype holds together"):
+        ndimage.sum_labels(on("dask", x), on("dask", labels), [-1, 2**64 - 1])
+    # an index the labels' dtype cannot hold: scipy's precision error, also for integers
+    with pytest.raises(ValueError, match=r"Cannot convert index values from <uint64> to <int64> "
+                                         r"\(labels' type\) without loss of precision"):
+        ndimage.labeled_comprehension(on("dask", x), on("dask", labels.astype(np.int64)),
+                                      [1, 2**64 - 1], np.sum, float, 0)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask"])
+def test_find_objects_with_a_huge_label_says_why_before_any_work(backend, monkeypatch):
+    """Issue #20: a label of 2**62 raised MemoryError with an empty message (at compute on
+    Dask): the result lists every label number up to the largest."""
+    labels = np.zeros((4, 4), np.int64)
+    labels[1, 1] = 2**62
+    message = (r"^find_objects: {what} is 4611686018427387904, and the result lists one entry "
+               r"per label number from 1 to it, present or not: 4611686018427387904 entries, at "
+               r"least 32768\.00 PiB \(this machine has .* of memory\)\. Renumber the labels to "
+               r"1\.\.n first \(skimage\.segmentation\.relabel_sequential, or numpy\.unique\("
+               r"labels, return_inverse=True\)\), or pass a smaller max_label$")
+    with pytest.raises(MemoryError, match=message.format(what="max_label")):
+        ndimage.find_objects(on(backend, labels), max_label=2**62)  # before any work
+    with pytest.raises(MemoryError, match=message.format(what="the largest label")):
+        host(ndimage.find_objects(on(backend, labels)))  # on Dask, known only at compute
+    labels[1, 1] = 3
+    assert host(ndimage.find_objects(on(backend, labels))) == ndi.find_objects(labels)
 
 
 def test_complex_input_only_through_scipy():

@@ -160,6 +160,29 @@ def test_step_errors(kernels, steps, error, message):
         chunkernels.pipeline(steps)
 
 
+@pytest.mark.parametrize("steps", [
+    ["label"],
+    [("moving_sum", {"radius": 1}), ("label", {"structure": None})],
+    [("zoom", {"taps": [[[0]]], "weights": [[[1.0]]]})],
+    [chunkernels.blockwise("label")],
+], ids=["label", "label-last", "zoom", "blockwise-label"])
+def test_steps_that_are_not_blockwise_are_refused_when_the_pipeline_is_built(kernels, steps):
+    """Issue #20: ``pipeline(["label"])`` labelled each chunk alone, [1 0 1 0] where SciPy gives
+    [1 0 2 0]; with a zoom step it failed only at compute. Both are refused before any graph."""
+    name = "zoom" if "zoom" in repr(steps) else "label"
+    with pytest.raises(TypeError, match=(
+            rf"^pipeline step {name} is not blockwise: its result on a chunk depends on more than "
+            rf"the chunk and a halo around it, or has another shape \(it plans its own Dask "
+            rf"graph\), so a pipeline, which runs every step on one chunk at a time, would get it "
+            rf"wrong\. End the pipeline before it and apply it to the pipeline's output: "
+            rf"chunkernels\.apply\(p\(x\), '{name}', \.\.\.\)$")):
+        chunkernels.pipeline(steps)
+    # what the message says to do gives SciPy's labels
+    d = da.from_array(np.array([1, 0, 1, 0]), chunks=2)
+    np.testing.assert_array_equal(chunkernels.apply(d, "label", structure=None).compute(),
+                                  [1, 0, 2, 0])
+
+
 def test_parameters_are_validated_when_applied(kernels):
     p = chunkernels.pipeline([("moving_sum", {"mode": "bogus"})])
     with pytest.raises(ValueError, match=r"mode='bogus'"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dask.array as da
 import numpy as np
 import pytest
 
@@ -133,6 +134,67 @@ def test_register_with_keyword_fields():
     hash(spec)
     assert _ORIGIN["negate"] == __name__  # default origin: the CPU reference's module
     np.testing.assert_array_equal(chunkernels.apply(np.arange(3.0), "negate"), [-0.0, -1.0, -2.0])
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"name": "my_add", "gpu": None},
+     r"^register\(\) of kernel 'my_add': missing cpu \(a KernelSpec needs name and cpu: the "
+     r"kernel's name and its CPU reference, which defines the result\)\. E\.g\. "
+     r"chunkernels\.register\(name='my_add', cpu=reference, gpu=dispatch, code=CUDA_SOURCE\), "
+     r"where reference\(x, \*operands, \*\*params\) returns the result as a NumPy array$"),
+    ({"cpu": _negate}, r"^register\(\) of a kernel without a name: missing name \(a KernelSpec "
+                       r"needs name and cpu: .* E\.g\. chunkernels\.register\(name='my_add', "),
+    ({}, r"^register\(\) of a kernel without a name: missing name and cpu "),
+    ({"name": "k", "cpu": _negate, "halo_depth": 2},
+     r"^register\(\) of kernel 'k': unknown KernelSpec field\(s\) 'halo_depth' \(did you mean "
+     r"'halo_rule' or 'halo'\?\); the fields are name, cpu, gpu, kind, "),
+])
+def test_register_names_the_missing_or_unknown_fields(fields, message):
+    """Issue #20: ``register()`` without ``cpu=`` raised the dataclass's bare TypeError
+    (``KernelSpec.__init__() missing 1 required positional argument: 'cpu'``)."""
+    with pytest.raises(TypeError, match=message):
+        chunkernels.register(**fields)
+
+
+def test_unknown_parameter_names_the_kernel_its_parameters_and_a_close_match(moving_sum):
+    """Issue #20: an unknown keyword said "validate() got an unexpected keyword argument
+    'sigmaa'", naming neither the kernel nor what it takes."""
+    x = np.zeros((6, 8))
+    takes = (r"gaussian_filter takes sigma \(required\), order, mode, cval, truncate, radius, "
+             r"axes, output$")
+    unknown = r"^gaussian_filter got unknown parameter 'sigmaa' \(did you mean 'sigma'\?\); "
+    for call in (lambda: chunkernels.apply(x, "gaussian_filter", sigma=1, sigmaa=2),
+                 lambda: chunkernels.apply(da.from_array(x, chunks=3), "gaussian_filter",
+                                           sigma=1, sigmaa=2),
+                 lambda: chunkernels.blockwise("gaussian_filter", sigma=1, sigmaa=2).params(2),
+                 lambda: chunkernels.pipeline([("gaussian_filter", {"sigma": 1, "sigmaa": 2})])):
+        with pytest.raises(TypeError, match=unknown + takes):
+            call()
+    with pytest.raises(TypeError, match=r"^gaussian_filter needs parameter 'sigma', which has no "
+                                        r"default; " + takes[:-1] + r"\. E\.g\. chunkernels\."
+                                        r"apply\(x, 'gaussian_filter', sigma=\.\.\.\)$"):
+        chunkernels.apply(x, "gaussian_filter")
+    with pytest.raises(TypeError, match=r"^threshold got unknown parameters 'valeu' \(did you mean "
+                                        r"'value'\?\), 'colour'; threshold takes value, upper$"):
+        chunkernels.apply(x, "threshold", valeu=1, colour="red")
+    # a validate that takes **params checks its own (moving_sum's names what it got)
+    assert chunkernels.get("moving_sum").parameters is None
+    with pytest.raises(TypeError, match=r"moving_sum got unexpected parameters \['sigma'\]"):
+        chunkernels.apply(x, "moving_sum", sigma=2)
+
+
+def test_parameters_of_a_kernel_without_validate_are_its_references():
+    spec = chunkernels.register(name="scale_by", cpu=lambda x, other, *, factor=2: x * factor,
+                                operands=("other",))
+    assert spec.parameters == ("factor",)
+    with pytest.raises(TypeError, match=r"^scale_by got unknown parameter 'factr' \(did you mean "
+                                        r"'factor'\?\); scale_by takes factor$"):
+        chunkernels.apply(np.ones(3), "scale_by", np.ones(3), factr=3)
+    bare = chunkernels.register(name="negate", cpu=_negate)
+    assert bare.parameters == ()
+    with pytest.raises(TypeError, match=r"^negate got unknown parameter 'scale'; negate takes no "
+                                        r"parameters$"):
+        chunkernels.apply(np.ones(3), "negate", scale=2)
 
 
 def test_register_rejects_spec_and_fields_together_and_non_specs():

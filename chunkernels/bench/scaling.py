@@ -170,11 +170,16 @@ def pipeline_steps() -> tuple[tuple, str]:
         why = f"the issue's kernels {', '.join(missing)} are not registered here"
     else:
         try:
-            chunkernels.pipeline(ISSUE_PIPELINE).depth(2)  # validates every step's parameters
-        except (TypeError, ValueError, KeyError) as exc:
-            why = f"the issue's chain does not run with default parameters ({exc})"
+            fused = chunkernels.pipeline(ISSUE_PIPELINE)
+        except TypeError as exc:  # a step that cannot run per chunk (label is not blockwise)
+            why = f"the issue's chain cannot be one pipeline ({exc})"
         else:
-            return ISSUE_PIPELINE, "the issue's chain " + _chain(ISSUE_PIPELINE)
+            try:
+                fused.depth(2)  # validates every step's parameters
+            except (TypeError, ValueError, KeyError) as exc:
+                why = f"the issue's chain does not run with default parameters ({exc})"
+            else:
+                return ISSUE_PIPELINE, "the issue's chain " + _chain(ISSUE_PIPELINE)
     return HALO_PIPELINE, f"{_chain(HALO_PIPELINE)}, three halo kernels ({why})"
 
 

@@ -151,6 +151,14 @@ def window(n, m, mode):
     return 0, n - m + 1
 
 
+def result_shape(shape, *, weights, mode, **params):
+    """The output's shape: scipy.signal's 'full', 'same' or 'valid' window ('valid' as scipy
+    computes it, with the inputs swapped where the weights are the larger)."""
+    if mode == "valid":
+        return tuple(abs(n - m) + 1 for n, m in zip(shape, weights.shape))
+    return tuple(window(n, m, mode)[1] for n, m in zip(shape, weights.shape))
+
+
 def dispatch(x, *, weights, mode, boundary, fillvalue):
     """GPU path: correlation with the flipped weights over the mode's output window."""
     out_dtype = result_dtype(x.dtype, weights=weights)
@@ -201,6 +209,7 @@ SPEC = KernelSpec(
     halo_rule="weights.shape[k] // 2 per axis (mode='same')",
     boundary=boundary,
     result_dtype=result_dtype,
+    result_shape=result_shape,
     supports=supports,
     validate=validate,
     cases=cases,

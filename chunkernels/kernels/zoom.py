@@ -320,6 +320,11 @@ def _result_dtype(x_dtype, *, dtype=None, **_):
     return np.dtype(x_dtype if dtype is None else dtype)
 
 
+def _result_shape(shape, *, taps, **_):
+    """The output region: one output per row of each axis' tap table."""
+    return tuple(len(t) for t in taps)
+
+
 def _supports(region, *, taps, weights, cval=0.0, dtype=None, chunks=None):
     out = np.dtype(region.dtype if dtype is None else dtype)
     if out.name not in _GPU_DTYPES:
@@ -375,6 +380,7 @@ SPEC = KernelSpec(
     ndim=(1, MAX_NDIM),
     validate=_validate,
     result_dtype=_result_dtype,
+    result_shape=_result_shape,
     supports=_supports,
     cases=_cases,
     dask_graph=dask_graph,

@@ -281,6 +281,9 @@ def _output(output, x, shape):
         if is_dask(x) or is_dask(output):
             raise TypeError("output arrays are not supported for Dask arrays: pass a dtype "
                             "(output=numpy.float32) and store the lazy result where you want it")
+        from chunkernels.ndimage._support import check_writable
+
+        check_writable(output, InterpolationError)
         if tuple(output.shape) != tuple(shape):
             raise InterpolationError(f"output shape not correct: output has shape {output.shape}; "
                                      f"the result has shape {tuple(shape)}")

@@ -17,6 +17,7 @@ from chunkernels.interop import accepts_tensors
 from chunkernels.kernels import label as K
 from chunkernels.ndimage import _wrap as W
 from chunkernels.ndimage._filters import as_input
+from chunkernels.ndimage._support import check_writable
 
 
 @accepts_tensors("input", "structure", "output")
@@ -155,6 +156,7 @@ def _output(output, x):
         if not (isinstance(output, np.ndarray) or cuda.is_cupy_array(output)):
             raise TypeError(f"output must be a NumPy or CuPy array or a dtype; got "
                             f"{type(output).__module__}.{type(output).__name__}")
+        check_writable(output, K.LabelError)
         if tuple(output.shape) != tuple(x.shape):
             raise K.LabelError(f"output shape not correct: output has shape {output.shape}, "
                                f"the input {x.shape}")

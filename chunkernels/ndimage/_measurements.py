@@ -18,7 +18,10 @@ import builtins
 import contextlib
 import functools
 import math
+import numbers
 import operator
+import os
+import sys
 
 import numpy as np
 import scipy.ndimage as ndi
@@ -39,6 +42,9 @@ PROPERTIES = {
 }
 _PER_AXIS = {"min_position", "max_position", "centroid", "center_of_mass"}
 _EMPTY = "zero-size array to reduction operation {} which has no identity"
+#: Measurements that refuse an index their labels' dtype cannot hold with scipy's own check and
+#: message (:func:`_check_index_precision`), instead of :func:`_check_integral_index`.
+_OWN_INDEX_CHECK = ("labeled_comprehension", "histogram")
 
 
 # -- arguments -------------------------------------------------------------------------------------
@@ -87,6 +93,11 @@ def _query(name, input, labels, index=None, *, complex_ok=False):
                 f"input and labels must have the same shape (excepting dimensions with width 1): "
                 f"input has shape {x.shape}, labels {lab.shape}; give labels of the input's shape "
                 f"(or one that broadcasts to it)") from None
+    values = None
+    if lab is not None and index is not None:
+        values = _host(index)
+        if name not in _OWN_INDEX_CHECK:
+            _check_integral_index(name, index, values, lab.dtype)
     if backend == "numpy":
         if cuda.is_cupy_array(lab):
             lab = lab.get()
@@ -111,7 +122,7 @@ def _query(name, input, labels, index=None, *, complex_ok=False):
         x, lab = cp.broadcast_to(x, shape), cp.broadcast_to(lab, shape)
     q = _Query(backend, x, lab, dtype, shape)
     if labels is not None:
-        _plan_index(q, index)
+        _plan_index(q, values)
     return q
 
 
@@ -121,12 +132,62 @@ def _device(q):
 
 
 def _host(a):
-    """A small array argument (the index) on the host."""
+    """A small array argument (the index) on the host; a list of integers exactly (NumPy makes
+    ``[1, 2**64 - 1]`` float64, which holds ``2**64 - 1`` as ``2**64``)."""
     if isinstance(a, range):  # numpy.asarray would walk it item by item
         return np.arange(a.start, a.stop, a.step)
     if is_dask(a):
         a = a.compute()
-    return np.asarray(a.get() if cuda.is_cupy_array(a) else a)
+    values = np.asarray(a.get() if cuda.is_cupy_array(a) else a)
+    if values.dtype.kind in "fO" and isinstance(a, list | tuple):
+        return _exact_integers(values, a)
+    return values
+
+
+def _exact_integers(values, given):
+    """``given``, a (nested) list that NumPy made ``values`` of, as uint64 or int64 when it holds
+    Python or NumPy integers only; else ``values`` unchanged."""
+    items = np.asarray(given, dtype=object)
+    flat = items.reshape(-1).tolist()
+    if not flat or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool | np.bool_)
+                           for v in flat):
+        return values
+    lo, hi = min(flat), max(flat)
+    for dtype in (np.int64, np.uint64):
+        if np.iinfo(dtype).min <= lo and hi <= np.iinfo(dtype).max:
+            return np.array(flat, dtype=dtype).reshape(items.shape)
+    raise ValueError(
+        f"index holds the integers {lo} and {hi}, which no integer dtype holds together (labels "
+        f"are int64 from {np.iinfo(np.int64).min} or uint64 up to {np.iinfo(np.uint64).max}); "
+        f"give the index as an array of the labels' dtype, without the values it cannot hold "
+        f"(no label can equal them)")
+
+
+def _scipy_truncates(labels_dtype) -> bool:
+    """Whether scipy.ndimage converts an index to ``intp`` for labels of ``labels_dtype`` (its
+    ``_safely_castable_to_int``), truncating non-integral values, instead of matching exactly."""
+    dt = np.dtype(labels_dtype)
+    size = np.dtype(np.intp).itemsize
+    return (dt.kind == "i" and dt.itemsize <= size) or (dt.kind == "u" and dt.itemsize < size)
+
+
+def _check_integral_index(name, index, values, labels_dtype):
+    """Refuse an index sequence holding values that are not integers (2.5, NaN, infinity) with
+    integer labels, before any work: scipy has no one answer for them (issue #20)."""
+    if np.isscalar(index) or values.dtype.kind != "f" or not _scipy_truncates(labels_dtype):
+        return  # a scalar is compared exactly by scipy (labels == index), as here
+    with np.errstate(invalid="ignore"):
+        bad = values[~(np.isfinite(values) & (values == np.trunc(values)))]
+    if not bad.size:
+        return
+    shown = ", ".join(map(str, np.unique(bad)[:5].tolist())) + (", ..." if bad.size > 5 else "")
+    raise ValueError(
+        f"{name}: the index holds {shown}, not integer label numbers. With labels of dtype "
+        f"{np.dtype(labels_dtype)}, scipy.ndimage truncates such values (2.5 to label 2) when "
+        f"every label lies in 0..labels.size, matches no label otherwise, and raises for NaN or "
+        f"infinity in some functions: the result would depend on the labels' values, so they "
+        f"are refused. Give integer label numbers: index=numpy.trunc(index).astype(int) for "
+        f"scipy's truncation, or leave those values out")
 
 
 def _plan_index(q, index):
@@ -605,6 +666,9 @@ def find_objects(input, max_label=0):
     ------
     TypeError
         Complex labels; boolean or float labels without ``max_label``.
+    MemoryError
+        A largest label (or ``max_label``) whose list of boxes no memory here could hold, before
+        any work where it is known then (given, or NumPy and CuPy labels), else at compute.
     """
     x = as_input(input)
     if x.dtype.kind == "c":
@@ -614,7 +678,11 @@ def find_objects(input, max_label=0):
         raise TypeError(f"find_objects: the largest value of {x.dtype} labels is no label "
                         f"number; give max_label= (boolean and float labels are then truncated "
                         f"to integers, as scipy does), or integer labels")
+    if max_label >= 1:
+        _check_box_count(max_label, "max_label")
     if not (is_dask(x) or cuda.is_cupy_array(x)):
+        if max_label < 1 and x.size:
+            _check_box_count(int(x.max()), "the largest label")  # scipy's MemoryError says nothing
         return ndi.find_objects(x, max_label)
     if x.dtype.kind not in "iu":
         x = x.astype(np.int64)
@@ -623,6 +691,7 @@ def find_objects(input, max_label=0):
     q = _Query("dask" if is_dask(x) else "cupy", x, x, x.dtype, x.shape)
     if max_label < 1 and q.backend == "cupy":
         max_label = int(x.max())
+        _check_box_count(max_label, "the largest label")
     if max_label >= 1:
         _plan_index(q, np.arange(1, max_label + 1, dtype=np.int64))
     else:
@@ -644,6 +713,7 @@ def _boxes(lay, max_label, table):
     if max_label is None:  # keys are the labels found
         labels = host[:, lay.key].astype(np.int64)
         max_label = int(labels.max()) if labels.size else 0
+        _check_box_count(max_label, "the largest label")  # known only now, for Dask labels
     else:
         labels = np.arange(1, max_label + 1)
     out = [None] * max_label
@@ -652,6 +722,34 @@ def _boxes(lay, max_label, table):
             out[label - 1] = tuple(slice(int(lo), int(hi) + 1) for lo, hi in
                                    zip(row[lay.cols("bbox_lo")], row[lay.cols("bbox_hi")]))
     return out
+
+
+def _check_box_count(max_label: int, what: str) -> None:
+    """Refuse a list of ``max_label`` boxes that the memory here could never hold.
+
+    scipy's result has an entry for every label number from 1 to the largest, present or not,
+    so one label of 2**62 asks for 2**62 entries: scipy (and the Dask path, at compute) then
+    raised a MemoryError with an empty message. Eight bytes per entry (the list's pointer) is
+    what it needs at least; the boxes and, for CuPy and Dask labels, a table row per label
+    come on top.
+    """
+    need = 8 * max_label
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf (Windows): the address space
+        memory = None
+    limit = min(memory or sys.maxsize, sys.maxsize)
+    if need <= limit:
+        return
+    from dask.utils import format_bytes
+
+    here = f"this machine has {format_bytes(memory)} of memory" if memory else \
+        "more than a 64-bit address space holds"
+    raise MemoryError(
+        f"find_objects: {what} is {max_label}, and the result lists one entry per label number "
+        f"from 1 to it, present or not: {max_label} entries, at least {format_bytes(need)} "
+        f"({here}). Renumber the labels to 1..n first (skimage.segmentation.relabel_sequential, "
+        f"or numpy.unique(labels, return_inverse=True)), or pass a smaller max_label")
 
 
 # -- functions of every value of a region: median, labeled_comprehension, histogram ----------------
@@ -903,8 +1001,14 @@ def _unbox(value):
 def _check_index_precision(q):
     """scipy's check that the index survives conversion to the labels' dtype."""
     values = np.atleast_1d(q.values)
-    with np.errstate(invalid="ignore", over="ignore"):
-        lossy = np.any(values.astype(q.labels.dtype).astype(values.dtype) != values)
+    dt = q.labels.dtype
+    if values.dtype.kind in "iu" and dt.kind in "iu" and values.size:
+        # integers out of the labels' range can wrap around and back unchanged (2**64 - 1 to
+        # int64 -1 and back): compare with the range instead
+        lossy = values.min() < np.iinfo(dt).min or values.max() > np.iinfo(dt).max
+    else:
+        with np.errstate(invalid="ignore", over="ignore"):
+            lossy = np.any(values.astype(dt).astype(values.dtype) != values)
     if lossy:
         raise ValueError(f"Cannot convert index values from <{values.dtype}> to "
                          f"<{q.labels.dtype}> (labels' type) without loss of precision")

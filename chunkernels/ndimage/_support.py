@@ -230,6 +230,7 @@ def resolve_output(output, x, *, complex_weights: bool = False, promotes: bool =
     if output is None:
         return None, None
     if is_array(output):
+        check_writable(output)
         if tuple(output.shape) != tuple(x.shape):
             raise FilterArgumentError(f"output shape not correct: output has shape "
                                       f"{tuple(output.shape)}, the input {tuple(x.shape)}")
@@ -247,6 +248,17 @@ def resolve_output(output, x, *, complex_weights: bool = False, promotes: bool =
         warnings.warn("promoting specified output dtype to complex", UserWarning, stacklevel=4)
         dtype = np.promote_types(dtype, np.complex64)
     return check_dtype(dtype, "output"), None
+
+
+def check_writable(output, error: type[Exception] = FilterArgumentError) -> None:
+    """Refuse a read-only ``output`` array before any work (scipy says so only once it writes,
+    and its ``label`` writes into it regardless; a read-only memory map would crash then)."""
+    if isinstance(output, np.ndarray) and not output.flags.writeable:
+        raise error(
+            "output array is read-only (output.flags.writeable is False), so the result cannot "
+            "be written into it; nothing was computed. Pass a writeable array of the result's "
+            "shape (numpy.empty_like(output), or a copy), or a dtype such as output=numpy."
+            f"{output.dtype.name} for a new array")
 
 
 def weights_array(weights, name: str = "weights") -> np.ndarray:
