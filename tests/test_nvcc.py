@@ -24,9 +24,13 @@ import pytest
 
 from chunkernels import _halo, cuda
 from chunkernels._registry import get, kernels
+from chunkernels.sources import _sky
 
 #: The library's own CUDA sources (helpers, not registered kernels) and their instantiations.
-LIBRARY_SOURCES = {_halo.GATHER_SOURCE: _halo.GATHER_ENTRIES}
+LIBRARY_SOURCES = {_halo.GATHER_SOURCE: _halo.GATHER_ENTRIES, _sky.CUDA_SOURCE: _sky.CUDA_ENTRIES}
+#: Those that index a __grid_constant__ plan at run time: it must not be copied to the stack. (The
+#: synthetic sky's kernel has a stack frame: double cos's reduction of huge arguments, never taken.)
+NO_STACK_FRAME = {_halo.GATHER_SOURCE}
 
 ARCH = "sm_90"
 NVCC_FLAGS = (f"-arch={ARCH}", "-std=c++17", "-c", "--resource-usage")
@@ -104,9 +108,10 @@ def test_library_source_compiles_with_nvcc(source, tmp_path):
     assert result.returncode == 0, f"nvcc failed on kernels_cuda/{source}:\n{result.stderr}"
     compiled = set(_PTXAS_ENTRY.findall(result.stdout + result.stderr))
     assert len(compiled) == len(entries), sorted(compiled)
-    # the plan is a __grid_constant__: indexing it must not copy it to the stack
-    assert "bytes stack frame" in result.stderr + result.stdout
-    assert not re.search(r"[1-9]\d* bytes stack frame", result.stdout + result.stderr)
+    if source in NO_STACK_FRAME:
+        # the plan is a __grid_constant__: indexing it must not copy it to the stack
+        assert "bytes stack frame" in result.stderr + result.stdout
+        assert not re.search(r"[1-9]\d* bytes stack frame", result.stdout + result.stderr)
 
 
 @pytest.mark.parametrize("name", _sourced_kernels())

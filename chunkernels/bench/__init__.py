@@ -52,6 +52,7 @@ BENCHMARKS = (
     "filters",
     "zoom",
     "launch",
+    "sky",
 )
 
 #: The install that brings what the benchmarks use beyond chunkernels itself.
