@@ -50,6 +50,7 @@ BENCHMARKS = (
     "measure",
     "filters",
     "zoom",
+    "demo",
 )
 
 #: The install that brings what the benchmarks use beyond chunkernels itself.
