@@ -43,7 +43,8 @@ def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
     ----------
     x : array_like, cupy.ndarray or dask.array.Array
         Data of any shape (it is clipped as one flat set of values): real integers, float32 or
-        float64. Dask arrays may have NumPy or CuPy chunks; they are persisted first.
+        float64. Dask arrays may have NumPy or CuPy chunks; they are persisted first (unless a
+        cluster's workers hold them already: then those workers pass over their own chunks).
     kappa : float
         Half-width of the window in standard deviations, positive.
     max_iters : int or None
@@ -73,7 +74,10 @@ def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
     whatever the data: NumPy's ``np.std`` of float32 data, which the lesson's loop calls,
     accumulates in float32, so its window edges can differ from these by a float32 rounding, and a
     value lying within that rounding of an edge may be kept by one and clipped by the other. The
-    sums are shifted by the previous round's median, so they do not cancel.
+    sums are shifted by the previous round's median, so they do not cancel, and scaled by a power
+    of two where float64 squares would overflow (values beyond about 1e154): the statistics stay
+    finite wherever the values are (NumPy's ``np.std`` of ``[1e160, 2e160, 3e160]`` is inf; here
+    it is 8.16e159, and all three are kept).
 
     Any NaN makes the first round's median and standard deviation NaN, which clips everything
     (the lesson's loop does the same): the result keeps nothing. Infinite values give a NaN
@@ -94,7 +98,8 @@ def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
         x = np.asarray(x)
     ksc.check_dtype(x.dtype)
     if _is_dask(x):
-        x = x.persist()
+        if not _clip_cluster.held(x):
+            x = x.persist()
         result = _clip_dask(x, kappa, max_iters)
     elif cuda.is_cupy_array(x):
         result = clip_with_passes(DevicePasses([x]), x.dtype, kappa, max_iters)

@@ -28,9 +28,9 @@ and drops them when the call ends.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import uuid
-import weakref
 
 import numpy as np
 
@@ -140,6 +140,20 @@ def clip(x, kappa, max_iters):
         # a worker left, or a block moved: forget the actors, and let a graph do it
         release(client)
         return None
+
+
+def held(x) -> bool:
+    """Whether every block of the Dask array ``x`` is already in a cluster's memory (persisting
+    it again would cost a round trip through the scheduler, and change nothing)."""
+    if "distributed" not in sys.modules:  # no cluster without it; asking would import it
+        return False
+    import dask
+    from distributed import futures_of
+
+    futures = futures_of(x)
+    keys = set(dask.core.flatten(x.__dask_keys__()))
+    return (len(futures) == len(keys) and {f.key for f in futures} == keys
+            and all(f.status == "finished" for f in futures))
 
 
 def _plan(x):
