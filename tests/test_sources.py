@@ -312,6 +312,29 @@ def test_demo_without_validation(tmp_path, capsys):
                                                     "preview.png"}
 
 
+def test_demo_on_a_running_scheduler(tmp_path, capsys):
+    """``--scheduler ADDRESS``: a cluster of two CPU worker processes started elsewhere; the
+    κσ clipping runs on the workers' blocks (one actor each), the rest as graphs there."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tqdm")
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as running:
+        code = main(["demo", "--scheduler", running.scheduler_address, "--size", "160",
+                     "--chunks", "80", "--no-validate", "--out", str(tmp_path)])
+        printed = capsys.readouterr().out
+        assert running.status.name == "running"
+    assert code == 0, printed
+    assert printed.startswith("cluster: 2 worker(s) on CPU, scheduler tcp://")
+    assert "on CPU, Dask workers" in printed
+    header, rows = _read_csv(tmp_path / "catalogue.csv")
+    data = synthetic_sky(160, chunks=160, seed=0)[0].compute()
+    reference = find_sources_cpu(data)
+    assert len(rows) == reference["num_features"] > 0
+    positions = np.array(rows)[:, [2, 1]]
+    np.testing.assert_allclose(positions, reference["positions"], rtol=1e-12, atol=1e-9)
+
+
 def test_demo_on_a_radio_cube_written_by_astropy(tmp_path, capsys):
     """A FITS image shaped (1, 1, N, N) (Stokes, frequency, y, x), big-endian as FITS stores
     it: the degenerate axes are dropped before chunking. Other shapes get a clear error."""

@@ -566,7 +566,7 @@ def test_cluster_max_iters_nans_and_one_worker(cpu_cluster, max_iters):
     with cpu_cluster.as_current():
         result = kappa_sigma_clip(_on(cpu_cluster, dx), max_iters=max_iters)
         # every block on one worker: it runs the whole loop in one call
-        one = _on(cpu_cluster, dx, workers=[sorted(cpu_cluster.scheduler_info()["workers"])[0]])
+        one = _on(cpu_cluster, dx, workers=[min(cpu_cluster.scheduler_info()["workers"])])
         assert len(_clip_cluster._plan(one)[1]) == 1
         alone = kappa_sigma_clip(one, max_iters=max_iters)
         nan = x.copy()
