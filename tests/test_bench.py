@@ -106,8 +106,8 @@ def test_demo_without_its_peers(monkeypatch):
     report = {"shape": [8, 8], "chunk": [8, 8], "seed": 0, "kappa": 3.0, "nsigma": 5.0,
               "sources": 0, "background": {"median": 0.0, "std": 1.0}, "repeat": 1,
               "match_px": 1.0, "rows": [],
-              "peers": [{"impl": "sep", "missing": "sep is not installed: pip install x"}]}
-    assert "| sep | not run: sep is not installed: pip install x |" in demo._markdown(report)
+              "peers": [{"impl": "sep", "skipped": "sep is not installed: pip install x"}]}
+    assert "| sep | sep is not installed: pip install x | - |" in demo._markdown(report)
 
 
 def test_checks_catch_a_wrong_result_before_any_timing():

@@ -173,7 +173,9 @@ def _stats_of(data, dtype):
 def _clip_dask(x, kappa, max_iters) -> ClipResult:
     blocks = _in_memory_blocks(x)
     if blocks and all(cuda.is_cupy_array(b) for b in blocks.values()):
-        return clip_with_passes(DevicePasses(list(blocks.values())), x.dtype, kappa, max_iters)
+        # in block order, as a cluster's worker takes them: the sums add up the same
+        ordered = [blocks[key] for key in sorted(blocks)]
+        return clip_with_passes(DevicePasses(ordered), x.dtype, kappa, max_iters)
     if blocks is None:  # on a distributed cluster's workers: they pass over their own blocks
         result = _clip_cluster.clip(x, kappa, max_iters)
         if result is not None:
