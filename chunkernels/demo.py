@@ -661,8 +661,8 @@ def _density(fig, ax, x, y, shape, corner, side):
     shown = ax.imshow(np.ma.masked_equal(counts, 0), cmap=colours, origin="lower",
                       interpolation="nearest",
                       extent=(edges[1][0], edges[1][-1], edges[0][0], edges[0][-1]),
-                      vmin=0, vmax=max(1, counts.max()))
-    fig.colorbar(shown, ax=ax, shrink=0.85, label=f"detections per {cell}×{cell} px")
+                      vmin=1, vmax=max(2, counts.max()))
+    fig.colorbar(shown, ax=ax, shrink=0.85, label=f"detections per {cell}×{cell} px (white: none)")
     ax.add_patch(Rectangle((corner[1] - 0.5, corner[0] - 0.5), side[1], side[0], fill=False,
                            edgecolor="tab:cyan", linewidth=1.5))
     ax.set_xlim(-0.5, shape[1] - 0.5)
