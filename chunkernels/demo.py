@@ -5,11 +5,13 @@ segmentation at 5 σ, connected-component labelling, per-source centre of mass a
 through chunkernels on a Dask array: CuPy chunks on a ``LocalCUDACluster`` (one worker per GPU)
 where there are GPUs, NumPy chunks on Dask's threads otherwise. The image is a FITS, TIFF, Zarr or
 ``.npy`` file, or a synthetic sky with a known source list, made chunk by chunk where the chunks
-live. The same image is then brought to the host and run through the lesson's own CPU code
+live. Those four steps are the pipeline, timed on their own. Then, unless ``--no-validate``, the
+same image is brought to the host and run through the lesson's own CPU code
 (:mod:`chunkernels.sources.lesson`: ``ks_clipper_cpu``, ``np.where``, ``scipy.ndimage.label``,
-``center_of_mass``, ``sum_labels``), the two are compared number by number, and for the synthetic
+``center_of_mass``, ``sum_labels``), and the two are compared number by number; for the synthetic
 sky the catalogue is matched against the injected sources. Writes ``catalogue.csv`` and
-``preview.png`` (and ``injected.csv`` for the synthetic sky) into the output folder.
+``preview.png`` (and ``injected.csv`` for the synthetic sky) into the output folder;
+:data:`OUTPUTS` says what they hold.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -34,8 +36,10 @@ KAPPA = 3.0
 NSIGMA = 5.0
 DEFAULT_SIZE = 8192
 MAX_CHUNK = 2048
-#: Longest side of the preview image, in pixels of the image (larger images are max-pooled).
+#: Longest side of the preview's full field, in pixels of the image (larger images are
+#: max-pooled), and the side of its cutout at native resolution.
 PREVIEW = 1024
+CUTOUT = 256
 #: Tolerances of the comparison with the CPU reference: NumPy's std of float32 data accumulates
 #: in float32; centres of mass and sums are float64 on both sides.
 STD_RTOL = {"float32": 1e-5}
@@ -43,11 +47,58 @@ CENTROID_ATOL = 1e-6
 FLUX_RTOL = 1e-9
 
 
+#: What the demo writes, for ``--help`` and the README (each line at most 100 columns).
+OUTPUTS = """\
+outputs, in --out:
+  catalogue.csv  one row per detection, in label order:
+                   id           its label in the label image (1..n)
+                   x, y         its centre of mass (pixel values as weights): column and row, in
+                                pixels from 0 at the centre of the first pixel
+                   flux         the sum of its pixel values (the lesson's sum_labels), in image
+                                units times pixels (Jy/beam x pixels for a radio image)
+                   area         its number of pixels
+                   peak         its largest pixel value
+                   x_min y_min  its bounding box: first column and row,
+                   x_max y_max  last column and row + 1
+                 and for the synthetic sky:
+                   injected     id of the injected source it belongs to (0: none), the nearest
+                                relative to its reach, max(3 px, 3 sigma_major)
+                   fragment     1 when a brighter detection belongs to the same injected source
+  injected.csv   the synthetic sky's sources, one row each:
+                   id           from 1
+                   x, y         its centre: column and row, in pixels
+                   flux         the integral of its profile; peak: its peak value
+                   snr          peak over the noise's sigma (sources below 5 are rarely found)
+                   sigma_major  its width in pixels along its major and minor axes (the PSF's,
+                   sigma_minor  1.5, for point sources)
+                   angle        of its major axis, from x towards y, in radians
+                   extended     1: an elliptical Gaussian; 0: a point source (the PSF's shape)
+                   recovered    1: a detection lies within max(3 px, 2 sigma_major) of it
+                   detections   how many detections belong to it (more than 1: fragments)
+  preview.png    the full field (max-pooled) and its detection density, a cutout at native
+                 resolution with the detections' outlines and the injected sources marked, and
+                 the pixel histogram with the clipping window and the threshold
+
+More detections than injected sources: a detection is a connected region above the threshold,
+and an extended source whose surface brightness is near the threshold breaks into several
+such regions (noise lifts some of its pixels above it and drops others below); each counts.
+The summary says how many detections are such fragments (a brighter detection belongs to the
+same injected source), and how many belong to no injected source. Faint sources (S/N < 5)
+mostly stay undetected, and sources closer than their widths merge into one detection."""
+
+
 def add_arguments(parser) -> None:
     from chunkernels.cli import _count, _positive, add_cluster_arguments
 
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = ("Find the sources of an image, the GPU lesson's four steps (κ-σ "
+                          "clipping, a 5 σ\nthreshold, labelling, measurements), chunked on a "
+                          "local cluster, and validate them\nagainst the lesson's CPU code.")
+    parser.epilog = OUTPUTS
     parser.add_argument("image", nargs="?", metavar="IMAGE", type=_image_path,
-                        help="FITS, TIFF, Zarr or .npy image (2-D; default: a synthetic sky)")
+                        help="FITS, TIFF, Zarr or .npy image, 2-D once axes of length 1 are "
+                             "dropped (a radio image's (1, 1, N, N) is fine; default: a "
+                             "synthetic sky)")
     parser.add_argument("--size", type=_positive, metavar="N",
                         help=f"side of the synthetic sky in pixels (default {DEFAULT_SIZE})")
     parser.add_argument("--chunks", type=_positive, metavar="N",
@@ -57,7 +108,20 @@ def add_arguments(parser) -> None:
                         help="seed of the synthetic sky (default 0)")
     parser.add_argument("--out", default="chunkernels-demo", metavar="DIR",
                         help="folder for catalogue.csv and preview.png (default ./chunkernels-demo)")
+    parser.add_argument("--no-validate", dest="validate", action="store_false",
+                        help="skip the validation against the lesson's CPU code (on by default; "
+                             "on a big image it takes longer than everything else)")
     add_cluster_arguments(parser)
+    _describe_gpus_default(parser)
+
+
+def _describe_gpus_default(parser) -> None:
+    """The demo's own default for ``--gpus``: it starts a GPU cluster where there are GPUs
+    (``add_cluster_arguments`` describes the other commands', Dask's threads)."""
+    action = parser._option_string_actions["--gpus"]
+    action.help = ("run on a local Dask cluster of N GPU workers (0: CPU workers); default: a "
+                   "LocalCUDACluster of every GPU when there are GPUs, else Dask's threads in "
+                   "this process")
 
 
 def _image_path(text):
@@ -85,6 +149,9 @@ def run(args) -> int:
                             f"pip install 'chunkernels[demo]'")
     if args.gpus is None and args.scheduler is None and cuda.gpu_count() > 0:
         args.gpus = cuda.gpu_count()  # GPUs here: a LocalCUDACluster, one worker per GPU
+    from chunkernels._registry import kernels
+
+    kernels()  # import the kernels now, not inside the first timed step
     try:
         context = cluster_from_args(args)
     except (ValueError, ImportError) as exc:
@@ -105,46 +172,69 @@ class _InputError(ValueError):
     """An image the demo cannot work on (its shape or dtype)."""
 
 
-@dataclass
-class _Steps:
-    """Wall-clock time of each step, with a progress bar on a terminal."""
+class _Progress:
+    """Steps run one after the other, timed, with their progress on stderr: a bar on a terminal,
+    and where stderr is not one (``make demo | tee log``, CI; tqdm would hide itself there) a
+    line when each step starts and one when it ends."""
 
-    total: int
-    times: dict = field(default_factory=dict)
+    def __init__(self, title: str, total: int):
+        self.title, self.total, self.count = title, total, 0
+        self.times: dict[str, float] = {}
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm.auto import tqdm
 
-    def __post_init__(self):
-        from tqdm.auto import tqdm
-
-        self.bar = tqdm(total=self.total, unit="step", disable=None, file=sys.stderr,
-                        bar_format="{desc:<26}{bar:24}{n_fmt}/{total_fmt} [{elapsed}]")
+            self.bar = tqdm(total=total, unit="step", file=sys.stderr,
+                            bar_format="{desc:<44}{bar:24}{n_fmt}/{total_fmt} [{elapsed}]")
 
     @contextlib.contextmanager
     def __call__(self, name):
-        self.bar.set_description_str(name)
+        where = f"{self.title} [{self.count + 1}/{self.total}] {name}"
+        if self.bar is not None:
+            self.bar.set_description_str(f"{self.title}: {name}")
+        else:
+            print(f"{where} ...", file=sys.stderr, flush=True)
         start = time.perf_counter()
         yield
         self.times[name] = time.perf_counter() - start
-        self.bar.update()
+        self.count += 1
+        if self.bar is not None:
+            self.bar.update()
+        else:
+            print(f"{where}: {self.times[name]:.2f} s", file=sys.stderr, flush=True)
 
     def close(self):
-        self.bar.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+#: The steps of the pipeline: what the demo's GPU time is.
+PIPELINE = ("κσ clipping", "threshold + label", "measure")
+
+
+@dataclass
+class _Found:
+    """What the pipeline found."""
+
+    image: object  # the Dask array
+    background: object  # ClipResult
+    level: float
+    count: int
+    labels: object  # the Dask label image
+    table: dict  # the catalogue, NumPy columns
 
 
 def _pipeline(args, client) -> int:
-    import dask
-
-    from chunkernels.ndimage import label, measure
-    from chunkernels.sources import kappa_sigma_clip, read_image, synthetic_sky, threshold
-    from chunkernels.sources._detect import CATALOGUE
-    from chunkernels.sources.lesson import find_sources_cpu
+    from chunkernels.sources import read_image, synthetic_sky
 
     gpu_names = _gpu_names(client)
     gpu = bool(gpu_names)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    steps = _Steps(total=7 if args.image is None else 6)
+    synthetic = args.image is None
+    steps = _Progress("demo", total=len(PIPELINE) + 1)
     try:
-        if args.image is None:
+        if synthetic:
             size = args.size or DEFAULT_SIZE
             chunk = args.chunks or _default_chunk((size, size))
             with steps("synthetic sky"):
@@ -156,40 +246,78 @@ def _pipeline(args, client) -> int:
                 image = _open(args.image, args.chunks, gpu, read_image)
                 image = _persist(image, client)
             truth, source = None, str(args.image)
-        with steps("κσ clipping"):
-            background = kappa_sigma_clip(image, KAPPA)
-        level = float(background.median) + NSIGMA * background.std
-        with steps("threshold + label"):
-            labels, count = label(threshold(image, np.float64(level)))
-            if hasattr(count, "compute"):
-                # one graph for both: computed apart, the labels' persist (whose optimisation
-                # fuses the threshold into the labelling) and the count's compute would send
-                # the scheduler one key with two definitions
-                labels, count = _persist((labels, count), client)
-            count = int(_host(count.compute() if hasattr(count, "compute") else count))
-        with steps("measure"):
-            table = measure(image, labels, properties=CATALOGUE, as_frame=False)
-            table = dict(zip(table, map(_host, dask.compute(*table.values()))))
-        with steps("CPU reference"):
-            data = _host(image.compute())
-            reference = find_sources_cpu(data, KAPPA, NSIGMA)
-            checks = _compare(background, level, count, _host(labels.compute()), table, data,
-                              reference)
-        recovery = None
-        if truth is not None:
+        found = _find(image, client, steps)
+    finally:
+        steps.close()
+    data = labels = checks = None
+    validation = {}
+    if args.validate:
+        data, labels, checks, validation = _validate(found)
+    recovery = None
+    times = steps.times
+    steps = _Progress("outputs", total=2 if synthetic else 1)
+    try:
+        if synthetic:
             with steps("recovery"):
-                recovery = _recovery(truth, table)
+                recovery = _recovery(truth, found.table)
         with steps("write"):
-            written = _write(out, table, data, level, background, truth, recovery)
+            if data is None:
+                data = _host(image.compute())
+            written = _write(out, found, data, labels, truth, recovery)
     finally:
         steps.close()
     if gpu:
         where = f"{len(gpu_names)} GPU worker(s): {', '.join(sorted(set(gpu_names)))}"
     else:
         where = "CPU, " + ("Dask workers" if client is not None else "Dask's threads")
-    _summary(source, image, where, steps.times, background, level, count, checks, recovery,
+    _summary(source, found, where, gpu, {**times, **steps.times}, validation, checks, recovery,
              written)
-    return 0 if all(ok for _, ok, _ in checks) else 1
+    return 0 if checks is None or all(ok for _, ok, _ in checks) else 1
+
+
+def _find(image, client, steps) -> _Found:
+    """The pipeline: κσ clipping, threshold + label, measure, each a timed step."""
+    import dask
+
+    from chunkernels.ndimage import label, measure
+    from chunkernels.sources import kappa_sigma_clip, threshold
+    from chunkernels.sources._detect import CATALOGUE
+
+    clipping, labelling, measuring = PIPELINE
+    with steps(clipping):
+        background = kappa_sigma_clip(image, KAPPA)
+    level = float(background.median) + NSIGMA * background.std
+    with steps(labelling):
+        labels, count = label(threshold(image, np.float64(level)))
+        if hasattr(count, "compute"):
+            # one graph for both: computed apart, the labels' persist (whose optimisation
+            # fuses the threshold into the labelling) and the count's compute would send
+            # the scheduler one key with two definitions
+            labels, count = _persist((labels, count), client)
+        count = int(_host(count.compute() if hasattr(count, "compute") else count))
+    with steps(measuring):
+        table = measure(image, labels, properties=CATALOGUE, as_frame=False)
+        table = dict(zip(table, map(_host, dask.compute(*table.values()))))
+    return _Found(image, background, level, count, labels, table)
+
+
+def _validate(found):
+    """The lesson's CPU code on the same image, compared with what the pipeline found:
+    ``(data, labels, checks, times)``, the image and the label image on the host."""
+    from chunkernels.sources.lesson import find_sources_cpu
+
+    steps = _Progress("validation", total=6)
+    try:
+        with steps("image and labels to the host"):
+            data = _host(found.image.compute())
+            labels = _host(found.labels.compute())
+        reference = find_sources_cpu(data, KAPPA, NSIGMA, progress=steps)
+        with steps("compare"):
+            checks = _compare(found.background, found.level, found.count, labels, found.table,
+                              data, reference)
+    finally:
+        steps.close()
+    return data, labels, checks, steps.times
 
 
 def _default_chunk(shape) -> int:
@@ -201,8 +329,10 @@ def _open(path, chunk, gpu, read_image):
 
     image = read_image(path)
     if image.ndim != 2:
-        raise _InputError(f"{path} holds an array of shape {image.shape}; the demo finds sources "
-                          f"in 2-D images")
+        raise _InputError(
+            f"{path} holds an array of shape {image.shape} (axes of length 1 dropped); the demo "
+            f"finds sources in 2-D images (a radio image's (1, 1, N, N) cube is fine): save one "
+            f"plane of it, e.g. numpy.save('plane.npy', cube[0, 0])")
     try:
         check_dtype(image.dtype)
     except TypeError as exc:
@@ -321,64 +451,111 @@ def _compare(background, level, count, labels, table, data, reference):
     return checks
 
 
-# -- recovery of the injected sources -------------------------------------------------------------
+# -- recovery of the injected sources, and the fragments ------------------------------------------
 
 @dataclass
 class _Recovery:
     bright: tuple[int, int]  # recovered, injected with peak S/N >= 10
     faint: tuple[int, int]  # recovered, injected with 5 <= S/N < 10
-    spurious: int  # detections with no injected source near them
     offset: float  # median distance of recovered bright point sources, pixels
     recovered: np.ndarray  # per injected source
+    detections: np.ndarray  # per injected source: how many detections belong to it
+    owner: np.ndarray  # per detection: the id of the injected source it belongs to, 0: none
+    fragment: np.ndarray  # per detection: a brighter detection belongs to the same source
+    fragments_of_extended: int  # fragments whose source is extended
+
+    @property
+    def matched(self) -> int:
+        """Detections that are the brightest of their injected source."""
+        return int(((self.owner > 0) & ~self.fragment).sum())
+
+    @property
+    def fragments(self) -> int:
+        return int(self.fragment.sum())
+
+    @property
+    def unmatched(self) -> int:
+        """Detections that belong to no injected source."""
+        return int((self.owner == 0).sum())
 
 
 def _recovery(truth, table) -> _Recovery:
-    """Which injected sources have a detection within max(3 px, 2 σ_major) of them, and which
-    detections lie farther than max(3 px, 3 σ_major) from every injected source (an extended
-    source near the threshold breaks up into pieces, whose centres lie off its own)."""
+    """Which injected sources were found, and which injected source each detection belongs to.
+
+    An injected source is *recovered* when a detection lies within max(3 px, 2 σ_major) of it.
+    A detection *belongs* to the injected source within whose reach, max(3 px, 3 σ_major), it
+    lies, the nearest relative to that reach where there are several, and to none when there is
+    none (a noise peak, or a piece of a source's wing farther out). Of the detections that
+    belong to one source the brightest (largest flux) is its detection; the others are its
+    *fragments*: an extended source near the threshold breaks up into several regions above it.
+    """
     from scipy.spatial import cKDTree
 
     injected = np.column_stack([truth["x"], truth["y"]])
     radius = np.maximum(3.0, 2.0 * truth["sigma_major"])
+    reach = np.maximum(3.0, 3.0 * truth["sigma_major"])
     found = np.column_stack([table["center_of_mass-1"], table["center_of_mass-0"]])
+    owner = np.zeros(len(found), dtype=np.int64)
     if len(found):
         distance, _ = cKDTree(found).query(injected)
-        reach = np.maximum(3.0, 3.0 * truth["sigma_major"])
         near = cKDTree(injected).query_ball_point(found, r=float(reach.max()))
-        spurious = sum(not any(np.hypot(*(injected[j] - f)) <= reach[j] for j in js)
-                       for f, js in zip(found, near))
+        for i, (f, candidates) in enumerate(zip(found, near)):
+            if candidates:
+                candidates = np.asarray(candidates)
+                relative = np.hypot(*(injected[candidates] - f).T) / reach[candidates]
+                if relative.min() <= 1.0:
+                    owner[i] = truth["id"][candidates[np.argmin(relative)]]
     else:
-        distance, spurious = np.full(len(injected), np.inf), 0
+        distance = np.full(len(injected), np.inf)
+    # the brightest detection of each source is its own; the others are fragments
+    flux = np.asarray(table["sum"], dtype=np.float64)
+    by_source = np.lexsort((-flux, owner))
+    first = np.ones(len(found), dtype=bool)
+    first[1:] = owner[by_source][1:] != owner[by_source][:-1]
+    fragment = np.zeros(len(found), dtype=bool)
+    fragment[by_source] = ~first & (owner[by_source] > 0)
+    index = {int(i): k for k, i in enumerate(truth["id"])}
+    detections = np.zeros(len(injected), dtype=np.int64)
+    for source in owner[owner > 0]:
+        detections[index[int(source)]] += 1
+    extended = np.array([truth["extended"][index[int(s)]] for s in owner[fragment]], dtype=bool)
     recovered = distance <= radius
     snr = truth["snr"]
     bright, faint = snr >= 10, (snr >= 5) & (snr < 10)
     point = bright & recovered & ~truth["extended"]
     offset = float(np.median(distance[point])) if point.any() else math.nan
     return _Recovery((int(recovered[bright].sum()), int(bright.sum())),
-                     (int(recovered[faint].sum()), int(faint.sum())), spurious, offset, recovered)
+                     (int(recovered[faint].sum()), int(faint.sum())), offset, recovered,
+                     detections, owner, fragment, int(extended.sum()))
 
 
 # -- outputs ----------------------------------------------------------------------------------------
 
 CSV_COLUMNS = ("id", "x", "y", "flux", "area", "peak", "x_min", "y_min", "x_max", "y_max")
+INJECTED_COLUMNS = ("id", "x", "y", "flux", "peak", "snr", "sigma_major", "sigma_minor", "angle",
+                    "extended")
 
 
-def _write(out, table, data, level, background, truth, recovery) -> list[Path]:
+def _write(out, found, data, labels, truth, recovery) -> list[Path]:
+    table = found.table
     catalogue = out / "catalogue.csv"
-    columns = (table["label"], table["center_of_mass-1"], table["center_of_mass-0"], table["sum"],
-               table["area"], table["max"], table["bbox-1"], table["bbox-0"], table["bbox-3"],
-               table["bbox-2"])
-    _write_csv(catalogue, CSV_COLUMNS, columns)
+    header = CSV_COLUMNS
+    columns = [table["label"], table["center_of_mass-1"], table["center_of_mass-0"],
+               table["sum"], table["area"], table["max"], table["bbox-1"], table["bbox-0"],
+               table["bbox-3"], table["bbox-2"]]
+    if recovery is not None:
+        header += ("injected", "fragment")
+        columns += [recovery.owner, recovery.fragment]
+    _write_csv(catalogue, header, columns)
     written = [catalogue]
     if truth is not None:
         injected = out / "injected.csv"
-        _write_csv(injected, ("id", "x", "y", "flux", "peak", "snr", "sigma_major", "sigma_minor",
-                              "angle", "extended", "recovered"),
-                   [truth[k] for k in ("id", "x", "y", "flux", "peak", "snr", "sigma_major",
-                                       "sigma_minor", "angle", "extended")] + [recovery.recovered])
+        _write_csv(injected, (*INJECTED_COLUMNS, "recovered", "detections"),
+                   [truth[k] for k in INJECTED_COLUMNS] + [recovery.recovered,
+                                                           recovery.detections])
         written.append(injected)
     preview = out / "preview.png"
-    _preview(preview, data, table, level, background, truth, recovery)
+    _preview(preview, data, labels, found, truth, recovery)
     written.append(preview)
     return written
 
@@ -399,74 +576,277 @@ def _cell(value):
     return repr(float(value))  # the shortest text that reads back as the same float64
 
 
-def _preview(path, data, table, level, background, truth, recovery):
-    """The image max-pooled to at most PREVIEW pixels a side, on a log scale (as the lesson shows
-    its radio image, black for bright), detections circled in red, injected sources brighter than
-    5 σ that were missed crossed in blue."""
+def _preview(path, data, labels, found, truth, recovery):
+    """The preview: the full field (max-pooled to at most PREVIEW pixels a side) with the cutout
+    marked, the detection density over the field, the cutout at native resolution with the
+    detections' outlines (contours of the label image) and the injected sources, and the pixel
+    histogram with the κσ window and the threshold. ``labels`` is the label image on the host,
+    or None (then only the cutout's labels are computed)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.colors import LogNorm
     from matplotlib.figure import Figure
+
+    table, background = found.table, found.background
+    x = np.asarray(table["center_of_mass-1"], dtype=np.float64)
+    y = np.asarray(table["center_of_mass-0"], dtype=np.float64)
+    median = float(background.median)
+    sigma = background.std if math.isfinite(background.std) and background.std > 0 else None
+    fig = Figure(figsize=(13, 11.6), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    (full, density), (zoom, histogram) = fig.subplots(2, 2)
+    side = tuple(min(CUTOUT, n) for n in data.shape)
+    corner = _cutout_corner(x, y, data.shape, side)
+    cut = tuple(slice(c, c + s) for c, s in zip(corner, side))
+    norm = _stretch(data, median, sigma)
+    _full_field(fig, full, data, norm, median, sigma, corner, side)
+    _density(fig, density, x, y, data.shape, corner, side)
+    cut_labels = labels[cut] if labels is not None else _host(found.labels[cut].compute())
+    _cutout(zoom, data[cut], cut_labels, corner, norm, found.table, truth, recovery)
+    _histogram(histogram, data, background, found.level, sigma)
+    fig.suptitle(f"{found.count} sources above median + {NSIGMA:g} σ = {found.level:.4g} "
+                 f"(background: median {median:.4g}, σ {background.std:.4g}, by κσ clipping, "
+                 f"κ = {KAPPA:g})", fontsize=12)
+    fig.savefig(path)
+
+
+def _stretch(data, median, sigma):
+    """An asinh stretch: linear within a few σ of the background, logarithmic above (sources
+    thousands of σ bright stay visible next to the noise)."""
+    from matplotlib.colors import AsinhNorm
+
+    top = float(np.nanmax(data)) if data.size else 1.0
+    if sigma is None or not math.isfinite(top) or not math.isfinite(median):
+        finite = data[np.isfinite(data)]
+        low, top = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        return AsinhNorm(linear_width=max((top - low) / 100, 1e-300), vmin=low,
+                         vmax=max(top, low + 1e-300))
+    return AsinhNorm(linear_width=2 * sigma, vmin=median - 3 * sigma,
+                     vmax=max(top, median + 10 * sigma))
+
+
+def _full_field(fig, ax, data, norm, median, sigma, corner, side):
+    from matplotlib.patches import Rectangle
 
     factor = max(1, math.ceil(max(data.shape) / PREVIEW))
     rows, cols = (n // factor * factor for n in data.shape)
-    small = data[:rows, :cols].reshape(rows // factor, factor, cols // factor, factor).max(axis=(1, 3)) \
-        if factor > 1 else data
-    fig = Figure(figsize=(9.5, 8.5 * small.shape[0] / small.shape[1] + 0.5), dpi=110,
-                 layout="constrained")
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    floor = max(background.std, np.finfo(np.float64).tiny) if math.isfinite(background.std) else 1.0
-    top = max(float(np.nanmax(small)) if small.size else floor, floor * 10)
-    shown = ax.imshow(np.clip(small, floor, None), cmap="gray_r", origin="lower",
-                      norm=LogNorm(vmin=floor, vmax=top), interpolation="nearest")
-    fig.colorbar(shown, ax=ax, shrink=0.9, label="pixel value")
-    to_preview = lambda v: (np.asarray(v, dtype=np.float64) + 0.5) / factor - 0.5  # noqa: E731
-    if len(table["label"]):
-        ax.scatter(to_preview(table["center_of_mass-1"]), to_preview(table["center_of_mass-0"]),
-                   s=12 + 4 * np.sqrt(np.asarray(table["area"], dtype=float)) / factor,
-                   facecolors="none", edgecolors="red", linewidths=0.7, label="detected")
+    small = data[:rows, :cols].reshape(rows // factor, factor, cols // factor, factor).max(
+        axis=(1, 3)) if factor > 1 else data
+    shown = ax.imshow(small, cmap="gray_r", origin="lower", norm=norm, interpolation="nearest",
+                      extent=(-0.5, small.shape[1] * factor - 0.5, -0.5,
+                              small.shape[0] * factor - 0.5))
+    bar = fig.colorbar(shown, ax=ax, shrink=0.85)
+    if sigma is None:
+        bar.set_label("pixel value (asinh stretch)")
+    else:  # in σ from the median: what the threshold and the clipping speak in
+        steps = [k for k in (-2, 0, 5, 20, 100, 1000, 10000) if median + k * sigma <= norm.vmax]
+        bar.set_ticks([median + k * sigma for k in steps],
+                      labels=["median" if k == 0 else f"{k:+d} σ" for k in steps])
+        bar.set_label("pixel value, from the background median (asinh stretch)")
+    ax.add_patch(Rectangle((corner[1] - 0.5, corner[0] - 0.5), side[1], side[0], fill=False,
+                           edgecolor="tab:cyan", linewidth=1.5, label="cutout below"))
+    ax.legend(loc="upper right", fontsize=9)
+    ax.set_title(f"full field, {data.shape[1]}×{data.shape[0]} px"
+                 + (f", max of each {factor}×{factor} px" if factor > 1 else ""), fontsize=11)
+    ax.set_xlabel("x (pixels)")
+    ax.set_ylabel("y (pixels)")
+
+
+def _density(fig, ax, x, y, shape, corner, side):
+    import matplotlib
+    from matplotlib.patches import Rectangle
+
+    cell = max(8, math.ceil(max(shape) / 64))
+    edges = [np.arange(0, n + cell, cell) - 0.5 for n in shape]
+    counts, _, _ = np.histogram2d(y, x, bins=edges)
+    colours = matplotlib.colormaps["magma_r"].with_extremes(bad="white")
+    shown = ax.imshow(np.ma.masked_equal(counts, 0), cmap=colours, origin="lower",
+                      interpolation="nearest",
+                      extent=(edges[1][0], edges[1][-1], edges[0][0], edges[0][-1]),
+                      vmin=1, vmax=max(2, counts.max()))
+    fig.colorbar(shown, ax=ax, shrink=0.85, label=f"detections per {cell}×{cell} px (white: none)")
+    ax.add_patch(Rectangle((corner[1] - 0.5, corner[0] - 0.5), side[1], side[0], fill=False,
+                           edgecolor="tab:cyan", linewidth=1.5))
+    ax.set_xlim(-0.5, shape[1] - 0.5)
+    ax.set_ylim(-0.5, shape[0] - 0.5)
+    ax.set_title(f"detection density: {len(x)} detections", fontsize=11)
+    ax.set_xlabel("x (pixels)")
+    ax.set_ylabel("y (pixels)")
+
+
+def _cutout_corner(x, y, shape, side):
+    """The corner (row, column) of the ``side`` window holding the most detections."""
+    if len(x) == 0:
+        return tuple((n - s) // 2 for n, s in zip(shape, side))
+    step = tuple(max(1, s // 4) for s in side)
+    grid = tuple(-(-n // s) for n, s in zip(shape, step))
+    counts = np.zeros(grid)
+    np.add.at(counts, (np.clip((y + 0.5) // step[0], 0, grid[0] - 1).astype(int),
+                       np.clip((x + 0.5) // step[1], 0, grid[1] - 1).astype(int)), 1)
+    span = tuple(min(4, g) for g in grid)
+    total = np.pad(counts, ((1, 0), (1, 0))).cumsum(0).cumsum(1)
+    windows = (total[span[0]:, span[1]:] - total[:-span[0], span[1]:]
+               - total[span[0]:, :-span[1]] + total[:-span[0], :-span[1]])
+    r, c = np.unravel_index(np.argmax(windows), windows.shape)
+    return (min(r * step[0], shape[0] - side[0]), min(c * step[1], shape[1] - side[1]))
+
+
+#: How the cutout draws each kind of detection: outline colour and legend text.
+_KINDS = (("tab:red", "detection (of an injected source)"),
+          ("darkorange", "fragment (a brighter detection has its source)"),
+          ("magenta", "detection of no injected source"))
+
+
+def _cutout(ax, image, labels, corner, norm, table, truth, recovery):
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Ellipse
+
+    (r0, c0), (rows, cols) = corner, image.shape
+    extent = (c0 - 0.5, c0 + cols - 0.5, r0 - 0.5, r0 + rows - 0.5)
+    ax.imshow(image, cmap="gray_r", origin="lower", norm=norm, interpolation="nearest",
+              extent=extent)
+    # outlines along the pixels' edges: the masks upsampled 4 times, contoured half way
+    up = 4
+    xs = c0 - 0.5 + (np.arange(cols * up) + 0.5) / up
+    ys = r0 - 0.5 + (np.arange(rows * up) + 0.5) / up
+    handles = []
+    if recovery is None:
+        kinds = [(labels > 0, "tab:red", "detection: outline, centre of mass")]
+    else:  # each label's kind, by its label - 1
+        kind = np.where(recovery.owner == 0, 2, np.where(recovery.fragment, 1, 0))
+        of_pixel = np.where(labels > 0, kind[np.maximum(labels, 1) - 1], -1)
+        kinds = [(of_pixel == k, colour, text) for k, (colour, text) in enumerate(_KINDS)]
+    # and a dot at each centre of mass: a detection of a pixel or two has a tiny outline
+    cx = np.asarray(table["center_of_mass-1"], dtype=np.float64)
+    cy = np.asarray(table["center_of_mass-0"], dtype=np.float64)
+    for k, (mask, colour, text) in enumerate(kinds):
+        if mask.any():
+            fine = np.repeat(np.repeat(mask, up, axis=0), up, axis=1).astype(np.float32)
+            ax.contour(xs, ys, fine, levels=[0.5], colors=colour, linewidths=1.1)
+            handles.append(Line2D([], [], color=colour, linewidth=1.5, marker=".", label=text))
+        ours = slice(None) if recovery is None else kind == k
+        ax.scatter(cx[ours], cy[ours], s=10, color=colour, zorder=3)
     if truth is not None:
-        missed = (truth["snr"] >= NSIGMA) & ~recovery.recovered
-        if missed.any():
-            ax.scatter(to_preview(truth["x"][missed]), to_preview(truth["y"][missed]), marker="x",
-                       s=18, color="tab:blue", linewidths=0.8,
-                       label=f"injected, S/N ≥ {NSIGMA:g}, missed")
-        ax.legend(loc="upper right", fontsize=8)
-    ax.set_title(f"{len(table['label'])} sources above median + {NSIGMA:g} σ = {level:.3g}"
-                 + (f" (max-pooled {factor}x{factor})" if factor > 1 else ""), fontsize=10)
-    ax.set_xlabel("x (pixels / %d)" % factor if factor > 1 else "x (pixels)")
-    ax.set_ylabel("y (pixels / %d)" % factor if factor > 1 else "y (pixels)")
-    fig.savefig(path)
+        inside = ((truth["x"] >= c0 - 0.5) & (truth["x"] < c0 + cols - 0.5)
+                  & (truth["y"] >= r0 - 0.5) & (truth["y"] < r0 + rows - 0.5))
+        bright = inside & (truth["snr"] >= NSIGMA)
+        found, missed = bright & recovery.recovered, bright & ~recovery.recovered
+        faint = inside & (truth["snr"] < NSIGMA)
+        ax.scatter(truth["x"][found], truth["y"][found], marker="+", s=70, color="tab:blue",
+                   linewidths=1.3)
+        ax.scatter(truth["x"][missed], truth["y"][missed], marker="x", s=60,
+                   color="tab:green", linewidths=1.5)
+        ax.scatter(truth["x"][faint], truth["y"][faint], marker=".", s=25, color="tab:gray")
+        for s in np.flatnonzero(inside & truth["extended"]):
+            ax.add_patch(Ellipse((truth["x"][s], truth["y"][s]), 4 * truth["sigma_major"][s],
+                                 4 * truth["sigma_minor"][s],
+                                 angle=math.degrees(truth["angle"][s]), fill=False,
+                                 edgecolor="tab:blue", linestyle="--", linewidth=0.9))
+        handles += [
+            Line2D([], [], marker="+", linestyle="", color="tab:blue", markersize=9,
+                   label=f"injected, S/N ≥ {NSIGMA:g}, recovered"),
+            Line2D([], [], marker="x", linestyle="", color="tab:green", markersize=8,
+                   label=f"injected, S/N ≥ {NSIGMA:g}, missed"),
+            Line2D([], [], marker=".", linestyle="", color="tab:gray",
+                   label=f"injected, S/N < {NSIGMA:g}"),
+            Line2D([], [], color="tab:blue", linestyle="--",
+                   label="extended source, 2 σ ellipse"),
+        ]
+    ax.set_xlim(extent[:2])
+    ax.set_ylim(extent[2:])  # the dots outside the cutout stay out of sight
+    if handles:  # below the cutout: none of it hidden
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.09), ncol=2,
+                  fontsize=8.5, frameon=False)
+    ax.set_title(f"cutout at native resolution: x {c0}–{c0 + cols}, y {r0}–{r0 + rows}",
+                 fontsize=11)
+    ax.set_xlabel("x (pixels)")
+    ax.set_ylabel("y (pixels)")
+
+
+def _histogram(ax, data, background, level, sigma):
+    """Pixel counts against value, in σ of the clipped background from its median."""
+    median = float(background.median)
+    finite = data[np.isfinite(data)] if data.dtype.kind == "f" else data
+    if sigma is None or not math.isfinite(median) or finite.size == 0:
+        ax.hist(finite.ravel(), bins=200, log=True, color="0.4")
+        ax.set_title("pixel values (the clipping kept nothing)", fontsize=11)
+        return
+    top = max(20.0, NSIGMA + 10.0)
+    z_edges = np.linspace(-8.0, top, 281)
+    counts, _ = np.histogram(finite, bins=median + sigma * z_edges)
+    above = int(np.count_nonzero(finite > median + sigma * top))
+    centres = (z_edges[1:] + z_edges[:-1]) / 2
+    ax.step(centres, np.maximum(counts, 0.5), where="mid", color="0.25", linewidth=1,
+            label=f"pixels ({above} beyond {top:g} σ, off the axis)")
+    width = z_edges[1] - z_edges[0]
+    gauss = background.count * width * np.exp(-0.5 * centres**2) / math.sqrt(2 * math.pi)
+    ax.plot(centres, gauss, "--", color="tab:blue", linewidth=1,
+            label=f"Gaussian of the clipped σ, {background.count} pixels")
+    lower, upper = ((background.lower - median) / sigma, (background.upper - median) / sigma)
+    ax.axvspan(max(lower, z_edges[0]), min(upper, top), color="tab:green", alpha=0.15,
+               label=f"kept by κσ clipping: {background.count / max(finite.size, 1):.1%} "
+                     f"of the pixels")
+    threshold = (level - median) / sigma
+    ax.axvline(threshold, color="tab:red", linewidth=1.5,
+               label=f"threshold: median + {NSIGMA:g} σ = {level:.4g}")
+    ax.set_yscale("log")
+    ax.set_ylim(0.5, 50 * max(counts.max(), gauss.max(), 1))  # room for the legend
+    ax.set_xlim(z_edges[0], top)
+    ax.legend(loc="upper right", fontsize=8.5)
+    ax.set_title(f"pixel histogram (median {median:.4g}, σ {sigma:.4g})", fontsize=11)
+    ax.set_xlabel("(pixel value − median) / σ")
+    ax.set_ylabel("pixels")
 
 
 # -- the summary ------------------------------------------------------------------------------------
 
-def _summary(source, image, where, times, background, level, count, checks, recovery, written):
+def _summary(source, found, where, gpu, times, validation, checks, recovery, written):
+    image = found.image
     chunks = image.numblocks[0] * image.numblocks[1]
+    background = found.background
     print(f"image:   {source}, {image.dtype}, {chunks} chunk(s) of up to "
           f"{image.chunksize[0]}x{image.chunksize[1]}, on {where}")
-    print(f"sources: {count} above median + {NSIGMA:g} σ = {level:.6g} "
+    print(f"sources: {found.count} above median + {NSIGMA:g} σ = {found.level:.6g} "
           f"(background median {float(background.median):.6g}, σ {background.std:.6g}, "
           f"κ = {KAPPA:g})")
     print()
-    width = max(len(name) for name in times)
+    names = [*times, *validation, "pipeline: κσ + threshold + label + measure"]
+    width = max(len(name) for name in names)
+    pipeline = sum(times[name] for name in PIPELINE)
+    print(f"{'GPU' if gpu else 'CPU'} pipeline, chunked (seconds):")
+    for name in PIPELINE:
+        print(f"  {name:<{width}}  {times[name]:8.3f}")
+    print(f"  {'pipeline: κσ + threshold + label + measure':<{width}}  {pipeline:8.3f}")
+    print("around it:")
     for name, seconds in times.items():
-        print(f"  {name:<{width}}  {seconds:8.2f} s")
-    print(f"  {'total':<{width}}  {sum(times.values()):8.2f} s")
+        if name not in PIPELINE:
+            print(f"  {name:<{width}}  {seconds:8.3f}")
+    if validation:
+        print("validation on the CPU, the lesson's code:")
+        for name, seconds in validation.items():
+            print(f"  {name:<{width}}  {seconds:8.3f}")
     print()
-    print("validation against the lesson's CPU code on the same image:")
-    width = max(len(name) for name, _, _ in checks)
-    for name, ok, detail in checks:
-        print(f"  {'ok  ' if ok else 'FAIL'} {name:<{width}}  {detail}")
+    if checks is None:
+        print("validation against the lesson's CPU code: skipped (--no-validate)")
+    else:
+        print("validation against the lesson's CPU code on the same image:")
+        width = max(len(name) for name, _, _ in checks)
+        for name, ok, detail in checks:
+            print(f"  {'ok  ' if ok else 'FAIL'} {name:<{width}}  {detail}")
     if recovery is not None:
         (rb, nb), (rf, nf) = recovery.bright, recovery.faint
         print()
         print(f"recovery of the injected sources: {rb} of {nb} with peak S/N >= 10 "
-              f"({rb / max(nb, 1):.0%}), {rf} of {nf} with 5 <= S/N < 10; {recovery.spurious} "
-              f"detection(s) with no injected source within max(3 px, 3 σ_major); median offset "
-              f"of bright point sources {recovery.offset:.2f} px")
+              f"({rb / max(nb, 1):.0%}), {rf} of {nf} with 5 <= S/N < 10; median offset of "
+              f"bright point sources {recovery.offset:.2f} px")
+        print(f"detections: {found.count} = {recovery.matched} of an injected source (the "
+              f"brightest detection within its reach, max(3 px, 3 σ_major)) + "
+              f"{recovery.fragments} fragments ({recovery.fragments_of_extended} of extended "
+              f"sources: a brighter detection has their source) + {recovery.unmatched} of no "
+              f"injected source")
     print()
     print("wrote:   " + ", ".join(os.fspath(p) for p in written))
+    if checks is None:
+        print("result:  not validated (--no-validate)")
+        return
     passed = all(ok for _, ok, _ in checks)
     print("result:  " + ("validated: chunkernels agrees with the CPU reference" if passed else
                          "FAILED: chunkernels differs from the CPU reference (see above)"))

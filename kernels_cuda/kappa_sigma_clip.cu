@@ -7,8 +7,10 @@
 // outside [key(-inf), key(+inf)]); signed integers flip the sign bit. ksc_pass reads one block
 // (any strides: at most 3 dims after chunkernels.layout.plan_pointwise collapsed it, walked in
 // its memory order by a grid-stride loop) and, for the values whose key is in [wlo, whi]:
-//   - counts them and sums d = x - center and d*d in double, and counts NaNs anywhere (all
-//     four left at 0 when `moments` is 0: refinement passes need the histogram only);
+//   - counts them and sums d = x * scale - center * scale (= (x - center) * scale, exactly for
+//     a power-of-two scale) and d*d in double, and counts NaNs anywhere (all four left at 0 when
+//     `moments` is 0: refinement passes need the histogram only). The driver passes scale 1
+//     unless huge values would overflow the sums of squares;
 //   - EXTREMES false: histograms their keys in [hlo, hhi] into bins (key - hlo) >> shift;
 //   - EXTREMES true: the largest key in [alo, ahi] and the smallest in [blo, bhi].
 // The histogram and extremes only ever see keys inside the window.
@@ -173,7 +175,7 @@ __global__ void __launch_bounds__(THREADS) ksc_pass(
     const int shift, const int nbins,
     const typename Key<T>::type alo, const typename Key<T>::type ahi,
     const typename Key<T>::type blo, const typename Key<T>::type bhi,
-    const double center, const int moments)
+    const double center, const double scale, const int moments)
 {
     typedef typename Key<T>::type K;
     extern __shared__ unsigned int hist[];
@@ -184,6 +186,7 @@ __global__ void __launch_bounds__(THREADS) ksc_pass(
     unsigned long long cnt = 0, nans = 0, na = 0, nb = 0;
     double sum = 0.0, sumsq = 0.0;
     K amax = 0, bmin = ~(K)0;
+    const double scaled_center = center * scale;
 
     const I step = (I)gridDim.x * blockDim.x;
     const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
@@ -206,7 +209,7 @@ __global__ void __launch_bounds__(THREADS) ksc_pass(
             const K k = Key<T>::of(v[u]);
             if (k >= wlo && k <= whi) {
                 if (moments) {
-                    const double d = static_cast<double>(v[u]) - center;
+                    const double d = static_cast<double>(v[u]) * scale - scaled_center;
                     ++cnt;
                     sum += d;
                     sumsq = fma(d, d, sumsq);

@@ -81,6 +81,48 @@ def test_scaling_on_cpu_workers_writes_markdown_json_and_plots(tmp_path, capsys)
     assert plots["throughput"]["xticks"] == [48]
 
 
+def test_demo_on_cpu_workers_beside_photutils_and_sep(tmp_path, capsys):
+    """The demo's pipeline checked, then timed on CPU worker processes, and photutils (the same
+    clipping, threshold and 4-connectivity: the same catalogue) and sep on the same image."""
+    pytest.importorskip("photutils")
+    pytest.importorskip("sep")
+    code = main(["bench", "demo", "--workers", "1", "--size", "256", "--chunks", "128",
+                 "--repeat", "1", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    report = json.loads((tmp_path / "demo.json").read_text())
+    assert report["shape"] == [256, 256] and report["chunk"] == [128, 128]
+    (row,) = report["rows"]
+    assert row["impl"] == "chunkernels on 1 CPU worker(s)" and row["blocks"] == 4
+    assert row["count"] == report["sources"] > 0
+    assert set(row["steps"]) == {"κσ clipping", "threshold + label", "measure"}
+    assert row["seconds"] == pytest.approx(sum(row["steps"].values()))  # one run: the sum
+    photutils, sep = report["peers"]
+    assert (photutils["impl"], sep["impl"]) == ("photutils", "sep")
+    assert photutils["count"] == photutils["matched"] == row["count"]
+    assert photutils["offset_p95"] < 1e-6  # the same pixels, the same centroids
+    assert 0 < sep["matched"] <= sep["count"]
+    assert row["faster_than_peers"] == pytest.approx(
+        min(photutils["seconds"], sep["seconds"]) / row["seconds"])
+    md = (tmp_path / "demo.md").read_text()
+    assert md.startswith("### demo\n") and "| chunkernels on 1 CPU worker(s) | 4 | " in md
+    assert "| photutils | sigma_clipped_stats " in md and "| sep | Background " in md
+    assert md.strip() in out
+
+
+def test_demo_without_its_peers(monkeypatch):
+    from chunkernels.bench import demo
+
+    monkeypatch.setitem(sys.modules, "sep", None)  # import fails
+    with pytest.raises(ImportError):
+        demo._sep(np.zeros((8, 8), np.float32))
+    report = {"shape": [8, 8], "chunk": [8, 8], "seed": 0, "kappa": 3.0, "nsigma": 5.0,
+              "sources": 0, "background": {"median": 0.0, "std": 1.0}, "repeat": 1,
+              "match_px": 1.0, "rows": [],
+              "peers": [{"impl": "sep", "skipped": "sep is not installed: pip install x"}]}
+    assert "| sep | sep is not installed: pip install x | - |" in demo._markdown(report)
+
+
 def test_checks_catch_a_wrong_result_before_any_timing():
     """The windows straddle chunk corners and the array's edges, so a halo-less result (wrong near
     chunk edges) fails the whole-array check and passes the per-block one."""

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 
 import numpy as np
 import pytest
 
+from chunkernels import demo
 from chunkernels.cli import main
 from chunkernels.sources import find_sources, read_image, synthetic_sky
 from chunkernels.sources._sky import _M64, _mix, _mix_int, gaussian_noise, sky_sources
@@ -228,16 +230,26 @@ def test_demo_end_to_end(tmp_path, capsys):
     pytest.importorskip("tqdm")
     out = tmp_path / "out"
     code = main(["demo", "--size", "320", "--chunks", "128", "--seed", "5", "--out", str(out)])
-    printed = capsys.readouterr().out
+    printed, progress = capsys.readouterr()
     assert code == 0, printed
     assert "validated: chunkernels agrees with the CPU reference" in printed
     assert "label images identical" in printed and "FAIL" not in printed
     assert "recovery of the injected sources" in printed
+    # the pipeline's own time, apart from everything around it
+    assert re.search(r"CPU pipeline, chunked \(seconds\):\n  κσ clipping +[0-9.]+\n  threshold \+ "
+                     r"label +[0-9.]+\n  measure +[0-9.]+\n  pipeline: κσ \+ threshold \+ label "
+                     r"\+ measure +[0-9.]+\n", printed), printed
+    # stderr is no terminal here: a line per step, the validation's steps their own
+    for line in ("demo [1/4] synthetic sky ...", "demo [2/4] κσ clipping: ",
+                 "validation [2/6] κσ clipping (ks_clipper_cpu) ...",
+                 "validation [6/6] compare: ", "outputs [2/2] write: "):
+        assert line in progress, progress
     # the catalogue is SciPy's on the same image: the lesson's steps on the CPU
     data = synthetic_sky(320, chunks=320, seed=5)[0].compute()
     reference = find_sources_cpu(data)
     header, rows = _read_csv(out / "catalogue.csv")
-    assert header == ["id", "x", "y", "flux", "area", "peak", "x_min", "y_min", "x_max", "y_max"]
+    assert header == ["id", "x", "y", "flux", "area", "peak", "x_min", "y_min", "x_max", "y_max",
+                      "injected", "fragment"]
     table = np.array(rows).reshape(-1, len(header))
     n = reference["num_features"]
     assert n > 0 and len(table) == n
@@ -250,15 +262,26 @@ def test_demo_end_to_end(tmp_path, capsys):
     assert np.array_equal(table[:, 4], np.bincount(labels.ravel())[1:])
     assert np.array_equal(table[:, 5], ndi.maximum(data, labels, index).astype(np.float32))
     boxes = [(s[1].start, s[0].start, s[1].stop, s[0].stop) for s in ndi.find_objects(labels)]
-    assert np.array_equal(table[:, 6:], np.array(boxes))
+    assert np.array_equal(table[:, 6:10], np.array(boxes))
     # the preview is a PNG
     png = (out / "preview.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     from matplotlib.image import imread
 
-    assert imread(out / "preview.png").ndim == 3
+    assert imread(out / "preview.png").shape[:2] == (1160, 1300)
     header, injected = _read_csv(out / "injected.csv")
-    assert header[-1] == "recovered" and len(injected) == len(synthetic_sky(320, seed=5)[1]["id"])
+    assert header[-2:] == ["recovered", "detections"]
+    assert len(injected) == len(synthetic_sky(320, seed=5)[1]["id"])
+    # detections = the brightest of each injected source + fragments + those of none
+    injected = np.array(injected)
+    owner, fragment = table[:, 10], table[:, 11]
+    assert injected[:, -1].sum() == (owner > 0).sum()
+    match = re.search(r"detections: (\d+) = (\d+) of an injected source .* \+ (\d+) fragments "
+                      r"\((\d+) of extended sources.*\) \+ (\d+) of no injected source", printed)
+    total, matched, fragments, _, unmatched = map(int, match.groups())
+    assert total == n == matched + fragments + unmatched
+    assert fragments == fragment.sum() and unmatched == (owner == 0).sum()
+    assert matched == len(np.unique(owner[owner > 0]))
 
 
 def test_demo_on_an_image_file(tmp_path, capsys):
@@ -273,6 +296,114 @@ def test_demo_on_an_image_file(tmp_path, capsys):
     header, rows = _read_csv(tmp_path / "catalogue.csv")
     assert len(rows) == find_sources_cpu(data)["num_features"]
     assert not (tmp_path / "injected.csv").exists()
+
+
+def test_demo_without_validation(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tqdm")
+    code = main(["demo", "--size", "200", "--chunks", "100", "--no-validate", "--out",
+                 str(tmp_path)])
+    printed, progress = capsys.readouterr()
+    assert code == 0, printed
+    assert "validation against the lesson's CPU code: skipped (--no-validate)" in printed
+    assert "result:  not validated (--no-validate)" in printed
+    assert "validation [" not in progress and "ks_clipper_cpu" not in printed
+    assert {p.name for p in tmp_path.iterdir()} == {"catalogue.csv", "injected.csv",
+                                                    "preview.png"}
+
+
+def test_demo_on_a_running_scheduler(tmp_path, capsys):
+    """``--scheduler ADDRESS``: a cluster of two CPU worker processes started elsewhere; the
+    κσ clipping runs on the workers' blocks (one actor each), the rest as graphs there."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tqdm")
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as running:
+        code = main(["demo", "--scheduler", running.scheduler_address, "--size", "160",
+                     "--chunks", "80", "--no-validate", "--out", str(tmp_path)])
+        printed = capsys.readouterr().out
+        assert running.status.name == "running"
+    assert code == 0, printed
+    assert printed.startswith("cluster: 2 worker(s) on CPU, scheduler tcp://")
+    assert "on CPU, Dask workers" in printed
+    header, rows = _read_csv(tmp_path / "catalogue.csv")
+    data = synthetic_sky(160, chunks=160, seed=0)[0].compute()
+    reference = find_sources_cpu(data)
+    assert len(rows) == reference["num_features"] > 0
+    positions = np.array(rows)[:, [2, 1]]
+    np.testing.assert_allclose(positions, reference["positions"], rtol=1e-12, atol=1e-9)
+
+
+def test_demo_on_a_radio_cube_written_by_astropy(tmp_path, capsys):
+    """A FITS image shaped (1, 1, N, N) (Stokes, frequency, y, x), big-endian as FITS stores
+    it: the degenerate axes are dropped before chunking. Other shapes get a clear error."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tqdm")
+    fits = pytest.importorskip("astropy.io.fits")
+    data = synthetic_sky(160, chunks=160, seed=9)[0].compute()
+    fits.PrimaryHDU(data.reshape(1, 1, 160, 160)).writeto(tmp_path / "radio.fits")
+    assert fits.getdata(tmp_path / "radio.fits").dtype.byteorder == ">"
+    image = read_image(tmp_path / "radio.fits", chunks=(64, 64))
+    assert image.shape == (160, 160) and image.chunks == ((64, 64, 32), (64, 64, 32))
+    code = main(["demo", str(tmp_path / "radio.fits"), "--chunks", "64", "--out",
+                 str(tmp_path / "out")])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "radio.fits, float32, 9 chunk(s) of up to 64x64" in printed
+    assert "validated: chunkernels agrees with the CPU reference" in printed
+    _, rows = _read_csv(tmp_path / "out" / "catalogue.csv")
+    assert len(rows) == find_sources_cpu(data)["num_features"]
+
+    fits.PrimaryHDU(np.zeros((2, 1, 16, 16), np.float32)).writeto(tmp_path / "planes.fits")
+    assert main(["demo", str(tmp_path / "planes.fits"), "--out", str(tmp_path / "out")]) == 2
+    assert ("planes.fits holds an array of shape (2, 16, 16) (axes of length 1 dropped); the "
+            "demo finds sources in 2-D images (a radio image's (1, 1, N, N) cube is fine)"
+            in capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("shape, chunks, expected", [
+    ((1, 1, 12, 10), (5, 4), ((5, 5, 2), (4, 4, 2))),
+    ((12, 10, 1), 5, ((5, 5, 2), (5, 5))),
+    ((1, 12), (1, 5), ((1,), (5, 5, 2))),
+    ((1, 1, 1, 12), (1, 5), ((1,), (5, 5, 2))),
+])
+def test_read_drops_degenerate_axes_before_chunking(tmp_path, shape, chunks, expected):
+    data = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    np.save(tmp_path / "a.npy", data)
+    image = read_image(tmp_path / "a.npy", chunks=chunks)
+    assert image.chunks == expected
+    assert np.array_equal(image.compute(), data.reshape(image.shape))
+
+
+def test_demo_help_says_what_the_outputs_mean(capsys):
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    text = capsys.readouterr().out
+    words = " ".join(text.split())
+    assert "default: a LocalCUDACluster of every GPU when there are GPUs, else Dask's threads" in words
+    assert "no cluster" not in words
+    for column in ("x_min y_min", "fragment", "sigma_major", "recovered", "detections"):
+        assert column in text
+    assert "More detections than injected sources" in text and "--no-validate" in text
+    assert all(len(line) <= 100 for line in demo.OUTPUTS.splitlines())
+
+
+def test_recovery_counts_fragments_of_an_extended_source():
+    """Three detections within an extended source's reach: the brightest is its detection, the
+    others its fragments; one far from everything belongs to no injected source."""
+    truth = {"id": np.array([1, 2]), "x": np.array([50.0, 10.0]), "y": np.array([40.0, 10.0]),
+             "sigma_major": np.array([6.0, 1.5]), "snr": np.array([40.0, 20.0]),
+             "extended": np.array([True, False])}
+    table = {"center_of_mass-1": np.array([50.5, 62.0, 41.0, 10.2, 90.0]),
+             "center_of_mass-0": np.array([40.2, 45.0, 33.0, 9.9, 90.0]),
+             "sum": np.array([9.0, 0.5, 0.7, 3.0, 0.2])}
+    found = demo._recovery(truth, table)
+    assert found.owner.tolist() == [1, 1, 1, 2, 0]
+    assert found.fragment.tolist() == [False, True, True, False, False]
+    assert (found.matched, found.fragments, found.unmatched) == (2, 2, 1)
+    assert found.fragments_of_extended == 2 and found.detections.tolist() == [3, 1]
+    assert found.recovered.tolist() == [True, True]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -299,8 +430,8 @@ def test_demo_input_errors(tmp_path, capsys):
     assert "cannot tell the format of" in capsys.readouterr().err
     cases = [
         ([str(tmp_path / "flat.npy"), "--size", "64"], "--size sets the side of the synthetic sky"),
-        ([str(tmp_path / "cube.npy")], "holds an array of shape (2, 3, 4); the demo finds sources "
-                                       "in 2-D images"),
+        ([str(tmp_path / "cube.npy")], "holds an array of shape (2, 3, 4) (axes of length 1 "
+                                       "dropped); the demo finds sources in 2-D images"),
         ([str(tmp_path / "complex.npy")], "takes real integer, float32 or float64 data; got dtype "
                                           "complex64"),
     ]

@@ -53,6 +53,7 @@ BENCHMARKS = (
     "zoom",
     "launch",
     "sky",
+    "demo",
 )
 
 #: The install that brings what the benchmarks use beyond chunkernels itself.

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from chunkernels import bench, cluster, cuda, ndimage
+from chunkernels import bench, cluster, ndimage
 from chunkernels.bench import scaling
 
 NEEDS_GPU = False

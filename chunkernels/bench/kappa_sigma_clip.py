@@ -39,7 +39,7 @@ def run(args) -> dict:
     from chunkernels._graph import in_memory_blocks
     from chunkernels.kernels import kappa_sigma_clip as ksc
     from chunkernels.sources import clip_reference, kappa_sigma_clip, synthetic_sky
-    from chunkernels.sources._clip import _clip_with_passes, _DevicePasses
+    from chunkernels.sources._passes import DevicePasses, clip_with_passes
     from chunkernels.sources.lesson import ks_clipper_cpu
 
     cp = cuda.cupy()
@@ -70,8 +70,8 @@ def run(args) -> dict:
                 abs(result.std - reference.std) > 1e-12 * reference.std:
             raise AssertionError(f"{label} gave {result}; the CPU reference (the lesson's loop "
                                  f"with a float64 std) gives {reference}; not timing it")
-        passes = _DevicePasses(blocks)  # the same clipping, counting its passes
-        _clip_with_passes(passes, x.dtype, KAPPA, None)
+        passes = DevicePasses(blocks)  # the same clipping, counting its passes
+        clip_with_passes(passes, x.dtype, KAPPA, None)
         rows.append({"impl": label, "iterations": result.iterations, "passes": passes.passes,
                      "kept": result.count,
                      "gpu_s": gpu_median(fn, args.repeat), "wall_s": wall_median(fn, args.repeat)})

@@ -6,8 +6,9 @@ floats flip the sign bit of non-negative values and every bit of negative ones (
 as ``+0.0``, NaN keys fall outside ``[key(-inf), key(+inf)]``), signed integers flip the sign
 bit. A pass over the values whose key lies in the *window* ``[lo, hi]`` (the values still kept)
 
-* counts them, sums ``x - center`` and ``(x - center)**2`` in float64 (``center``: the previous
-  median, so the sums do not cancel) and counts NaNs anywhere;
+* counts them, sums ``d = (x - center) * scale`` and ``d**2`` in float64 (``center``: the
+  previous median, so the sums do not cancel; ``scale``: a power of two that keeps the sums of
+  huge values from overflowing, 1 unless they would) and counts NaNs anywhere;
 * histograms the keys in ``bins = (lo, hi, shift)`` into ``((hi - lo) >> shift) + 1`` bins of
   ``2**shift`` keys each, and finds the bins holding two ranks (by default the middle ones of the
   window's count) — 65536 bins resolve a float32 key in 2 passes, a float64 key in 4;
@@ -160,7 +161,7 @@ def bin_count(bins) -> int:
 # -- parameters -----------------------------------------------------------------------------------
 
 def validate(ndim, *, window=None, bins=None, max_in=None, min_in=None, center=0.0, ranks=None,
-             moments=True):
+             moments=True, scale=1.0):
     """Check and normalise a pass's parameters (key ranges as pairs of Python ints)."""
     def pair(name, value, n=2):
         if value is None:
@@ -194,12 +195,19 @@ def validate(ndim, *, window=None, bins=None, max_in=None, min_in=None, center=0
         center = float(center)
     except (TypeError, ValueError):
         raise TypeError(f"kappa_sigma_clip: center={center!r}; expected a real number") from None
+    try:
+        scale = float(scale)
+    except (TypeError, ValueError):
+        scale = math.nan
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"kappa_sigma_clip: scale={scale!r}; expected a positive finite factor "
+                         f"of the sums (a power of two keeps them exact; 1: unscaled)")
     return {"window": window, "bins": bins, "max_in": max_in, "min_in": min_in,
-            "center": center, "ranks": ranks, "moments": bool(moments)}
+            "center": center, "ranks": ranks, "moments": bool(moments), "scale": scale}
 
 
 def resolve(dtype, *, window=None, bins=None, max_in=None, min_in=None, center=0.0, ranks=None,
-            moments=True):
+            moments=True, scale=1.0):
     """The parameters of one pass with defaults made concrete for ``dtype``: ``window=None`` is
     every value but NaN; ``bins=None`` the window in at most :data:`NBINS` bins (no histogram
     when ``max_in`` / ``min_in`` are given). Key ranges must fit the dtype's keys."""
@@ -216,7 +224,7 @@ def resolve(dtype, *, window=None, bins=None, max_in=None, min_in=None, center=0
     empty = (1, 0)
     return {"window": tuple(window), "bins": bins if bins is not None else (*empty, 0),
             "max_in": max_in or empty, "min_in": min_in or empty, "center": center,
-            "ranks": ranks, "extremes": extremes, "moments": moments}
+            "ranks": ranks, "extremes": extremes, "moments": moments, "scale": scale}
 
 
 # -- CPU: reference, block statistics, combination ------------------------------------------------
@@ -228,10 +236,11 @@ def reference(x, **params):
     k = keys(x.reshape(-1))
     lo, hi = p["window"]
     inside = (k >= lo) & (k <= hi)
-    d = x.reshape(-1)[inside].astype(np.float64) - p["center"]
+    d = _deviations(x.reshape(-1)[inside], p)
     head = np.zeros(HEAD)
     if p["moments"]:
-        head[COUNT], head[SUM], head[SUMSQ] = inside.sum(), d.sum(), (d * d).sum()
+        with np.errstate(over="ignore", invalid="ignore"):
+            head[COUNT], head[SUM], head[SUMSQ] = inside.sum(), d.sum(), (d * d).sum()
         head[NANS] = np.isnan(x).sum() if x.dtype.kind == "f" else 0
     kin = np.sort(k[inside])
     head[SEL:SEL + 6] = (-1, 0, 0, -1, 0, 0)
@@ -277,10 +286,10 @@ def partial(x, **params):
     inside = None
     if p["moments"]:
         inside = x[_between(x, p["window"])]
-        d = inside.astype(np.float64)
-        d -= p["center"]
-        head[COUNT], head[SUM] = inside.size, d.sum()
-        head[SUMSQ] = np.square(d, out=d).sum()
+        d = _deviations(inside, p)
+        with np.errstate(over="ignore", invalid="ignore"):  # the driver rescales overflowed sums
+            head[COUNT], head[SUM] = inside.size, d.sum()
+            head[SUMSQ] = np.square(d, out=d).sum()
         head[NANS] = np.count_nonzero(np.isnan(x)) if x.dtype.kind == "f" else 0
     if p["extremes"]:
         for key_range, n_at, v_at, reduce in ((p["max_in"], NA, AMAX, np.max),
@@ -297,6 +306,17 @@ def partial(x, **params):
     counted >>= counted.dtype.type(shift)
     head[HEAD:] = np.bincount(counted.astype(np.intp), minlength=nbins)
     return row
+
+
+def _deviations(values, p):
+    """``(values - center) * scale`` in float64, as the CUDA kernel computes them: ``values *
+    scale - center * scale`` (exact for a power-of-two scale; with scale 1, ``values - center``)."""
+    d = values.astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):  # the driver rescales overflowed sums
+        if p["scale"] != 1.0:
+            d *= p["scale"]
+        d -= p["center"] * p["scale"]
+    return d
 
 
 def _intersection(a, b):
@@ -423,7 +443,8 @@ def launch(block_walks, row, scratch, p) -> None:
     (wlo, whi), (hlo, hhi, shift) = p["window"], p["bins"]
     (alo, ahi), (blo, bhi) = p["max_in"], p["min_in"]
     keys_and_flags = (k(wlo), k(whi), k(hlo), k(hhi), np.int32(shift), np.int32(nbins), k(alo),
-                      k(ahi), k(blo), k(bhi), np.float64(p["center"]), np.int32(p["moments"]))
+                      k(ahi), k(blo), k(bhi), np.float64(p["center"]), np.float64(p["scale"]),
+                      np.int32(p["moments"]))
     shared = 4 * ((nbins + 1) // 2)
     for walk in block_walks:
         kernel = _pass_kernel(f"ksc_pass<{cuda.cuda_type(dtype)}, "
@@ -501,6 +522,7 @@ def _cases(rng):
     for dtype in ("float32", "float64"):
         x = noisy.astype(dtype)
         yield x, (), {"center": 0.1}
+        yield x * 1e30 if dtype == "float64" else x, (), {"center": 2.0, "scale": 2.0**-100}
         lo, hi = window_keys(-2.5, 2.5, dtype)
         mid = key_of(0.0, dtype)
         yield x, (), {"window": (lo, hi), "bins": fit_bins(lo, mid, 4096), "ranks": (10, 11)}

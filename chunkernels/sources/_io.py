@@ -21,15 +21,18 @@ def read_image(path, chunks=None):
         A FITS (``.fits``, ``.fit``, ``.fts``; astropy), TIFF (``.tif``, ``.tiff``; tifffile,
         tiles read on demand), Zarr (``.zarr``) or NumPy (``.npy``, memory-mapped) file.
     chunks : int, tuple or None
-        Dask chunks of the result; None keeps the file's own chunking (Zarr chunks, TIFF tiles)
-        or lets Dask choose.
+        Dask chunks of the result (of its axes after the axes of length one are dropped: a
+        ``(1, 1, N, N)`` cube takes ``chunks=(c, c)``); None keeps the file's own chunking (Zarr
+        chunks, TIFF tiles) or lets Dask choose.
 
     Returns
     -------
     dask.array.Array
         The image in native byte order (FITS stores big-endian values: each chunk is converted
-        as it is read, as the GPU lesson converts the whole image), with leading axes of length
-        one dropped (a radio image's ``(1, 1, rows, cols)`` cube becomes ``(rows, cols)``).
+        as it is read, as the GPU lesson converts the whole image), with axes of length one
+        dropped, the leading ones first, while more than two axes remain (a radio image's
+        ``(1, 1, rows, cols)`` cube, Stokes and frequency axes of one plane each, becomes
+        ``(rows, cols)``; so does a ``(rows, cols, 1)`` single-channel TIFF).
 
     Raises
     ------
@@ -49,23 +52,38 @@ def read_image(path, chunks=None):
     kind = image_format(path)
     if kind == "FITS":
         astropy_fits = _require("astropy.io.fits", "astropy")
-        data = astropy_fits.getdata(path, memmap=not path.name.lower().endswith(".gz"))
-        image = da.from_array(data, chunks=chunks or "auto")
+        source = astropy_fits.getdata(path, memmap=not path.name.lower().endswith(".gz"))
     elif kind == "TIFF":
         tifffile = _require("tifffile", "tifffile")
-        _require("zarr", "zarr")
-        image = da.from_zarr(tifffile.imread(path, aszarr=True), chunks=chunks)
+        zarr = _require("zarr", "zarr")
+        source = zarr.open(tifffile.imread(path, aszarr=True), mode="r")
     elif kind == "Zarr":
-        _require("zarr", "zarr")
-        image = da.from_zarr(str(path), chunks=chunks)
+        zarr = _require("zarr", "zarr")
+        source = zarr.open(str(path), mode="r")
     else:
-        image = da.from_array(np.load(path, mmap_mode="r"), chunks=chunks or "auto")
-    while image.ndim > 2 and image.shape[0] == 1:
-        image = image[0]
+        source = np.load(path, mmap_mode="r")
+    dropped = degenerate_axes(source.shape)
+    # the chunks the caller gave are those of the axes kept: the dropped ones take chunks of 1
+    if isinstance(chunks, (tuple, list)) and len(chunks) == len(source.shape) - len(dropped):
+        given = iter(chunks)
+        chunks = tuple(1 if axis in dropped else next(given) for axis in range(len(source.shape)))
+    if kind in ("TIFF", "Zarr"):
+        image = da.from_zarr(source, chunks=chunks)
+    else:
+        image = da.from_array(source, chunks=chunks or "auto")
+    if dropped:
+        image = image[tuple(0 if axis in dropped else slice(None) for axis in range(image.ndim))]
     if not image.dtype.isnative:
         native = image.dtype.newbyteorder("=")
         image = image.map_blocks(_to_native, dtype=native)
     return image
+
+
+def degenerate_axes(shape) -> tuple[int, ...]:
+    """The axes of length one :func:`read_image` drops from an array of ``shape``: leading ones
+    first, then the others, while more than two axes remain."""
+    ones = [axis for axis, n in enumerate(shape) if n == 1]
+    return tuple(ones[:max(0, len(shape) - 2)])
 
 
 def image_format(path) -> str:

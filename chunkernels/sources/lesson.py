@@ -9,6 +9,8 @@ chains it with the lesson's segmentation (``np.where(data > threshold, 1, 0)``),
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 
@@ -25,9 +27,12 @@ def ks_clipper_cpu(data_flat, kappa=3.0):
     return data_flat
 
 
-def find_sources_cpu(data, kappa=3.0, nsigma=5.0, structure=None) -> dict:
+def find_sources_cpu(data, kappa=3.0, nsigma=5.0, structure=None, progress=None) -> dict:
     """The lesson's four steps on the CPU, thresholding at ``median + nsigma * std`` of the
     clipped background (the lesson's ``5 * std`` when the median is 0).
+
+    ``progress``, when given, is called with the name of each step and returns a context manager
+    that the step runs in (``chunkernels demo`` reports and times the steps with it).
 
     Returns
     -------
@@ -39,15 +44,21 @@ def find_sources_cpu(data, kappa=3.0, nsigma=5.0, structure=None) -> dict:
     """
     from scipy.ndimage import center_of_mass, label, sum_labels
 
+    step = progress or (lambda name: contextlib.nullcontext())
     data = np.asarray(data)
-    clipped = ks_clipper_cpu(data.ravel(), kappa)
-    median, std = np.median(clipped), np.std(clipped)
-    level = median + nsigma * std
-    segmented_image = np.where(data > level, 1, 0)
-    labels, num_features = label(segmented_image, structure)
-    index = np.arange(1, num_features + 1)
-    positions = np.array(center_of_mass(data, labels, index)).reshape(num_features, data.ndim)
-    fluxes = np.asarray(sum_labels(data, labels, index), dtype=np.float64)
+    with step("κσ clipping (ks_clipper_cpu)"):
+        clipped = ks_clipper_cpu(data.ravel(), kappa)
+        median, std = np.median(clipped), np.std(clipped)
+    with step("threshold (np.where)"):
+        level = median + nsigma * std
+        segmented_image = np.where(data > level, 1, 0)
+    with step("label (scipy.ndimage.label)"):
+        labels, num_features = label(segmented_image, structure)
+    with step("measure (center_of_mass, sum_labels)"):
+        index = np.arange(1, num_features + 1)
+        positions = np.array(center_of_mass(data, labels, index)).reshape(num_features,
+                                                                           data.ndim)
+        fluxes = np.asarray(sum_labels(data, labels, index), dtype=np.float64)
     return {"median": median, "std": std, "count": clipped.size, "threshold": level,
             "labels": labels, "num_features": num_features, "positions": positions,
             "fluxes": fluxes}

@@ -223,13 +223,13 @@ def test_blocks_of_one_device_accumulate_into_one_row():
     """The driver's device path: every block's launch adds into one row; a histogram full of
     one bin spills from the 16-bit shared counters many times."""
     cp = pytest.importorskip("cupy")
-    from chunkernels.sources._clip import _DevicePasses
+    from chunkernels.sources._passes import DevicePasses
 
     rng = np.random.default_rng(8)
     x = sky(rng, (300, 257), "float32")
     x[:200, :100] = 0.5  # 20000 equal values: one bin, spilled at every 16384
     blocks = [to_device_view(x[:150]), to_device_view(x[150:, ::-1]), to_device_view(x[:0])]
-    run = _DevicePasses(blocks)
+    run = DevicePasses(blocks)
     for params in _pass_params("float32", rng):
         expected = ksc.reference(x, **ksc.validate(2, **params))
         got = run(**params)
@@ -438,3 +438,246 @@ def test_dtype_errors(dtype):
         kappa_sigma_clip(x)
     with pytest.raises(TypeError, match="float32 or float64 data"):
         kappa_sigma_clip(da.from_array(x, chunks=2))
+
+
+# -- extreme magnitudes (issue #20): sums that cannot overflow ----------------------------------
+
+HUGE = np.array([1e160, 2e160, 3e160])
+HUGE_STD = float(np.std(HUGE / 1e160)) * 1e160  # 8.16e159: the definition, without overflow
+
+
+@backends
+@pytest.mark.parametrize("chunks", [None, 3, 2, 1])
+def test_extreme_magnitudes_keep_everything_with_the_finite_std(backend, chunks):
+    """np.std of these overflows (inf), and the sums of a pass overflow too: every path keeps
+    the three values with the std of the definition, finite."""
+    x = HUGE if chunks is None else da.from_array(_device(backend, HUGE), chunks=chunks,
+                                                      asarray=False)
+    if chunks is None and backend == "cupy":
+        x = _device(backend, HUGE)
+    result = kappa_sigma_clip(x)
+    assert result.count == 3 and result.converged and result.iterations == 1
+    assert result.median == 2e160
+    assert result.std == pytest.approx(HUGE_STD, rel=1e-14)
+    assert result.mean == pytest.approx(2e160, rel=1e-14)
+
+
+@backends
+def test_extreme_magnitudes_of_both_signs_and_a_clipped_outlier(backend):
+    """Values near the float64 limit: differences overflow before squaring. The window is
+    scaled from the first round on, and the later rounds keep the scale."""
+    rng = np.random.default_rng(30)
+    x = rng.standard_normal(2000) * 1e300
+    x[:3] = (1.7e308, -1.7e308, 1.6e308)
+    reference = clip_reference(x)
+    data = x
+    while True:  # the definition: the lesson's loop with a float64 std that cannot overflow
+        med, std = np.median(data), float(np.std(data / 2**1000)) * 2**1000
+        kept = data[(data > med - 3 * std) & (data < med + 3 * std)]
+        if kept.size == data.size:
+            break
+        data = kept
+    assert reference.count == data.size < x.size and reference.median == np.median(data)
+    assert reference.std == pytest.approx(float(np.std(data / 2**1000)) * 2**1000, rel=1e-12)
+    for chunks in (2000, 700, 128):
+        result = kappa_sigma_clip(da.from_array(_device(backend, x), chunks=chunks,
+                                                asarray=False))
+        assert _same_but_float_noise(result, reference), (chunks, result, reference)
+
+
+def test_infinite_values_still_give_a_nan_std_as_numpy():
+    """Overflow is rescaled; an infinite value is not an overflow, and np.std gives NaN."""
+    x = np.array([1.0, 2.0, np.inf, 3.0])
+    for data in (x, da.from_array(x, chunks=3)):
+        result = kappa_sigma_clip(data)
+        assert result.count == 0 and np.isnan(result.std)
+
+
+def test_scaled_pass_is_the_unscaled_one_times_the_scale():
+    x = sky(np.random.default_rng(31), (40, 30), "float64")
+    for params in ({}, {"center": 0.25}):
+        plain = ksc.reference(x, **ksc.validate(2, **params))
+        scaled = ksc.reference(x, **ksc.validate(2, scale=2.0**-600, **params))
+        partial = ksc.partial(x, **ksc.validate(2, scale=2.0**-600, **params))[0, :ksc.HEAD]
+        np.testing.assert_array_equal(np.delete(scaled, [ksc.SUM, ksc.SUMSQ]),
+                                      np.delete(plain, [ksc.SUM, ksc.SUMSQ]))
+        for got in (scaled, partial):  # the partial row leaves the rank fields to the combiner
+            assert got[ksc.SUM] == pytest.approx(plain[ksc.SUM] * 2.0**-600, rel=1e-15)
+            assert got[ksc.SUMSQ] == pytest.approx(plain[ksc.SUMSQ] * 2.0**-1200, rel=1e-15)
+            assert (got[ksc.COUNT], got[ksc.NANS]) == (plain[ksc.COUNT], plain[ksc.NANS])
+    with pytest.raises(ValueError, match=r"scale=0.0; expected a positive finite factor"):
+        chunkernels.apply(x, "kappa_sigma_clip", scale=0)
+
+
+# -- on a distributed cluster: each worker passes over its own blocks ----------------------------
+
+@pytest.fixture(scope="module")
+def cpu_cluster():
+    """Three single-threaded CPU worker processes, not the default scheduler: a test makes its
+    client current where it wants the cluster."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster, \
+            distributed.Client(cluster, set_as_default=False) as client:
+        yield client
+
+
+def _on(client, x, **persist):
+    """``x`` persisted on the workers of ``client``, as kappa_sigma_clip will see it."""
+    from distributed import wait
+
+    persisted = client.persist(x, **persist)
+    wait(persisted)
+    return persisted
+
+
+@pytest.mark.parametrize("dtype, chunks", [
+    *((d, c) for d in FLOATS for c in [(120, 90), (40, 45), (33, 17), (7, 90)]),
+    ("int16", (40, 45)), ("uint8", (33, 17)), ("int64", (7, 90)),
+])
+def test_cluster_result_is_the_in_process_one(cpu_cluster, dtype, chunks):
+    """The workers pass over their own blocks: the result equals the in-process one (Dask's
+    threads, a graph per pass) to the last bit, and the lesson's loop."""
+    from chunkernels.sources import _clip_cluster
+
+    x = sky(np.random.default_rng(40), (120, 90), dtype)
+    dx = da.from_array(x, chunks=chunks)
+    in_process = kappa_sigma_clip(dx)
+    with cpu_cluster.as_current():
+        on_workers = _on(cpu_cluster, dx)
+        holders = _clip_cluster._plan(on_workers)[1]
+        result, mask = kappa_sigma_clip(on_workers, return_mask=True)
+        m = _host(mask)
+    assert result == in_process
+    assert _same_but_float_noise(result, clip_reference(x))
+    expect_lesson(result, x)
+    assert m.sum() == result.count
+    if dx.npartitions >= 3:
+        assert len(holders) > 1  # the blocks are spread: the client drove the passes
+
+
+@pytest.mark.parametrize("max_iters", [1, 2, 4])
+def test_cluster_max_iters_nans_and_one_worker(cpu_cluster, max_iters):
+    from chunkernels.sources import _clip_cluster
+
+    x = sky(np.random.default_rng(41), (100, 80), "float64", sources=60)
+    dx = da.from_array(x, chunks=(30, 25))
+    in_process = kappa_sigma_clip(dx, max_iters=max_iters)
+    with cpu_cluster.as_current():
+        result = kappa_sigma_clip(_on(cpu_cluster, dx), max_iters=max_iters)
+        # every block on one worker: it runs the whole loop in one call
+        one = _on(cpu_cluster, dx, workers=[min(cpu_cluster.scheduler_info()["workers"])])
+        assert len(_clip_cluster._plan(one)[1]) == 1
+        alone = kappa_sigma_clip(one, max_iters=max_iters)
+        nan = x.copy()
+        nan[50, 3] = np.nan
+        with_nan = kappa_sigma_clip(_on(cpu_cluster, da.from_array(nan, chunks=(30, 25))))
+    assert result == in_process == alone
+    assert result.iterations == max_iters and not result.converged
+    assert _same_but_float_noise(result, clip_reference(x, max_iters=max_iters))
+    assert with_nan.count == 0 and np.isnan(with_nan.std) and with_nan.iterations == 2
+
+
+def test_cluster_extreme_magnitudes(cpu_cluster):
+    with cpu_cluster.as_current():
+        result = kappa_sigma_clip(_on(cpu_cluster, da.from_array(HUGE, chunks=1)))
+    assert result.count == 3 and result.std == pytest.approx(HUGE_STD, rel=1e-14)
+
+
+def test_cluster_actors_are_made_once_per_worker_and_released(cpu_cluster):
+    from chunkernels.sources import _clip_cluster
+
+    x = sky(np.random.default_rng(42), (60, 60), "float32")
+    dx = da.from_array(x, chunks=20)
+    with cpu_cluster.as_current():
+        _clip_cluster.release(cpu_cluster)
+        on_workers = _on(cpu_cluster, dx)
+        first = kappa_sigma_clip(on_workers)
+        made = dict(cpu_cluster.__dict__[_clip_cluster._ATTRIBUTE])
+        assert len(made) == len(_clip_cluster._plan(on_workers)[1]) > 1
+        again = kappa_sigma_clip(on_workers)
+        assert cpu_cluster.__dict__[_clip_cluster._ATTRIBUTE] == made  # the same actors
+        # between calls they hold no blocks
+        calls = cpu_cluster.run(_open_calls, [f.key for f in made.values()])
+        assert set(calls.values()) == {0}
+        assert _clip_cluster.release(cpu_cluster) == len(made)
+        assert _clip_cluster._ATTRIBUTE not in cpu_cluster.__dict__
+    assert first == again == kappa_sigma_clip(dx)
+
+
+def _open_calls(keys, dask_worker):
+    return sum(len(dask_worker.state.actors[k].calls) for k in keys if k in dask_worker.state.actors)
+
+
+def test_cluster_path_is_taken_only_for_blocks_on_the_workers(cpu_cluster):
+    """Blocks in this process's memory, or not computed, take the other paths."""
+    from chunkernels.sources import _clip_cluster
+
+    x = sky(np.random.default_rng(43), (50, 40), "float32")
+    with cpu_cluster.as_current():
+        assert _clip_cluster.clip(da.from_array(x, chunks=20), 3.0, None) is None
+        assert _clip_cluster.clip(da.from_array(x, chunks=20) + 1, 3.0, None) is None
+        assert _clip_cluster.clip(_on(cpu_cluster, da.from_array(x[:0], chunks=20)), 3.0,
+                                  None) is None
+
+
+def test_cluster_falls_back_to_a_graph_when_a_block_left_its_worker(cpu_cluster, monkeypatch):
+    from chunkernels.sources import _clip_cluster
+
+    x = sky(np.random.default_rng(44), (50, 40), "float32")
+    dx = da.from_array(x, chunks=20)
+    plan = _clip_cluster._plan
+
+    def moved(array):  # the scheduler's word is stale: a key said to be on the wrong worker
+        client, holders, first, order = plan(array)
+        (a, keys_a), (b, keys_b), *rest = holders.items()
+        return client, dict([(a, keys_a[:-1]), (b, keys_b + keys_a[-1:]), *rest]), first, order
+
+    monkeypatch.setattr(_clip_cluster, "_plan", moved)
+    with cpu_cluster.as_current():
+        result = kappa_sigma_clip(_on(cpu_cluster, dx))
+        assert _clip_cluster._ATTRIBUTE not in cpu_cluster.__dict__  # forgotten after the failure
+    assert result == kappa_sigma_clip(dx)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ("float32", "float64", "int16"))
+def test_cluster_of_one_gpu_worker(dtype):
+    """On a LocalCUDACluster of one GPU: the worker runs the whole loop on its CuPy blocks, with
+    the same launches as in-process blocks, so the same result to the last bit."""
+    cp = pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    from chunkernels import cluster
+    from chunkernels.sources import _clip_cluster
+
+    x = sky(np.random.default_rng(45), (300, 257), dtype)
+    dx = da.from_array(cp.asarray(x), chunks=(100, 128), asarray=False)
+    in_process = kappa_sigma_clip(dx.persist())
+    with cluster.client(1, dashboard_address=None) as c:
+        on_gpu = _on(c, dx)
+        assert len(_clip_cluster._plan(on_gpu)[1]) == 1
+        result = kappa_sigma_clip(on_gpu)
+        assert _clip_cluster.release(c) == 1
+    assert result == in_process
+    assert _same_but_float_noise(result, clip_reference(x))
+
+
+@pytest.mark.multigpu
+def test_cluster_of_two_gpu_workers():
+    """Two GPU workers: the client combines the workers' rows every pass."""
+    cp = pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    from chunkernels import cluster
+    from chunkernels.sources import _clip_cluster
+
+    x = sky(np.random.default_rng(46), (1024, 1000), "float32", sources=300)
+    dx = da.from_array(cp.asarray(x), chunks=(256, 500), asarray=False)
+    with cluster.client(2, dashboard_address=None) as c:
+        on_gpus = _on(c, dx)
+        holders = _clip_cluster._plan(on_gpus)[1]
+        result = kappa_sigma_clip(on_gpus)
+        huge = kappa_sigma_clip(_on(c, da.from_array(cp.asarray(HUGE), chunks=1, asarray=False)))
+    assert len(holders) == 2
+    assert _same_but_float_noise(result, clip_reference(x))
+    expect_lesson(result, x)
+    assert huge.count == 3 and huge.std == pytest.approx(HUGE_STD, rel=1e-14)

@@ -1,0 +1,293 @@
+"""κ-σ clipping of a Dask array persisted on a distributed cluster: the workers pass over their own
+blocks, and one round trip per pass carries only the small rows.
+
+A Dask graph per pass (:class:`~chunkernels.sources._passes.GraphPasses`) costs a trip through the
+scheduler and the graph machinery for each of the loop's passes (21 of them for the demo's sky:
+seconds on a ``LocalCUDACluster``). Here every worker that holds blocks of the array has one
+:class:`ClipService` actor, and
+
+* where one worker holds every block, it runs the whole loop on them in one call;
+* otherwise the client drives the loop (:func:`~chunkernels.sources._passes.clip_steps`) and, for
+  each pass, calls every worker's actor at once, directly (the client's connection to the worker,
+  no scheduler hop). Each actor runs the pass on its blocks (one launch per CuPy block into its
+  device's row, or the NumPy partials) and returns its head rows and its histogram cut to the
+  non-empty bins; the client adds them up and selects the median's bins, as the graph's
+  combining task does.
+
+The result is the one the other paths give: counts and histograms are exact, NumPy blocks' sums are
+added in block order (the graph's order, so the statistics are the same to the last bit), CuPy
+blocks' sums in each device's launch order.
+
+The actors are made on first use, one per worker, and kept while the client lives (the next call
+needs no scheduler round trip to make them: that round trip costs more than all of a call's
+passes); closing the client, or :func:`release`, releases them. They hold no blocks between
+calls: each call names the keys of the blocks, which the actor reads from its worker's memory,
+and drops them when the call ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import uuid
+
+import numpy as np
+
+from chunkernels import cuda
+from chunkernels.kernels import kappa_sigma_clip as ksc
+from chunkernels.sources._passes import (
+    DevicePasses,
+    HostPasses,
+    clip_steps,
+    clip_with_passes,
+    finish,
+)
+
+
+class ClipService:
+    """The actor on one worker: passes of κ-σ clipping over blocks in that worker's memory.
+
+    Every method is a coroutine, so the worker runs it as soon as the call arrives: passes over
+    CuPy blocks (launches and a small copy) run on the worker's event loop, passes over NumPy
+    blocks (CPU work) in a thread.
+    """
+
+    def __init__(self):
+        from distributed import get_worker
+
+        self.worker = get_worker()
+        self.calls = {}
+
+    async def clip(self, keys, first_key, dtype, kappa, max_iters):
+        """The whole loop over the blocks ``keys`` (every block of the array); ClipResult."""
+        passes, first = self._passes(keys, first_key)
+        return await _run(passes, clip_with_passes, passes, dtype, kappa, max_iters, first)
+
+    async def open(self, call, keys, first_key):
+        """Get ready for the passes of call ``call`` over the blocks ``keys``: ``(bins, first,
+        per_block)``, the most histogram bins a pass here holds, the first value of block
+        ``first_key`` (None when it is not among ``keys``) and whether the head rows of a pass
+        are the blocks' own (NumPy) or the devices' (CuPy)."""
+        passes, first = self._passes(keys, first_key)
+        self.calls[call] = passes
+        return passes.nbins, first, isinstance(passes, HostPasses)
+
+    async def run(self, call, params):
+        """One pass of call ``call``: ``(heads, offset, histogram)``, the head rows and the
+        histogram's non-empty bins from bin ``offset`` on."""
+        passes = self.calls[call]
+        heads, histogram = await _run(passes, passes.host_rows, **params)
+        return (heads, *_trim(histogram))
+
+    async def close(self, call):
+        """Forget call ``call`` (and the blocks it read)."""
+        self.calls.pop(call, None)
+
+    def _passes(self, keys, first_key):
+        data = self.worker.data
+        missing = [k for k in keys if k not in data]
+        if missing:
+            raise KeyError(f"κ-σ clipping: {len(missing)} block(s) are no longer in the memory of "
+                           f"worker {self.worker.address} (first: {missing[0]!r})")
+        blocks = [data[k] for k in keys]
+        on_gpu = [cuda.is_cupy_array(b) for b in blocks]
+        passes = DevicePasses(blocks) if all(on_gpu) else HostPasses(blocks)
+        first = None
+        if first_key in keys:
+            block = blocks[keys.index(first_key)]
+            first = float(block[(0,) * block.ndim])
+        return passes, first
+
+
+async def _run(passes, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` on the event loop for CuPy passes, in a thread for NumPy ones."""
+    if isinstance(passes, DevicePasses):
+        return fn(*args, **kwargs)
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def _trim(histogram):
+    """``(offset, bins)``: the histogram's bins from its first non-empty one to its last, as
+    uint32 counts where they fit (a pass's reply stays small)."""
+    filled = np.flatnonzero(histogram)
+    if filled.size == 0:
+        return 0, np.zeros(0, np.uint32)
+    part = histogram[filled[0]:filled[-1] + 1]
+    if part.max() < 2**32:
+        part = part.astype(np.uint32)
+    return int(filled[0]), part
+
+
+# -- the client side ------------------------------------------------------------------------------
+
+def clip(x, kappa, max_iters):
+    """κ-σ clip the Dask array ``x`` on the cluster that holds its blocks, or None when its blocks
+    are not all held by a running cluster's workers (the caller then builds a graph per pass)."""
+    plan = _plan(x)
+    if plan is None:
+        return None
+    client, holders, first_key, order = plan
+    try:
+        services = _services(client, list(holders))
+        if len(holders) == 1:
+            (address, keys), = holders.items()
+            return _call(client, address, services[address], "clip", keys, first_key, x.dtype,
+                         kappa, max_iters)
+        return client.sync(_clip_async, client, holders, services, first_key, order, x.dtype,
+                           kappa, max_iters)
+    except (OSError, KeyError):
+        # a worker left, or a block moved: forget the actors, and let a graph do it
+        release(client)
+        return None
+
+
+def held(x) -> bool:
+    """Whether every block of the Dask array ``x`` is already in a cluster's memory (persisting
+    it again would cost a round trip through the scheduler, and change nothing)."""
+    if "distributed" not in sys.modules:  # no cluster without it; asking would import it
+        return False
+    import dask
+    from distributed import futures_of
+
+    futures = futures_of(x)
+    keys = set(dask.core.flatten(x.__dask_keys__()))
+    return (len(futures) == len(keys) and {f.key for f in futures} == keys
+            and all(f.status == "finished" for f in futures))
+
+
+def _plan(x):
+    """``(client, {worker: keys in block order}, key of the first block, order)`` for an array
+    whose blocks are all in the memory of a running cluster's workers (None otherwise);
+    ``order`` sorts the workers' keys, one after the other, into block order."""
+    import dask
+    from distributed import futures_of, wait
+
+    if x.size == 0:
+        return None
+    futures = futures_of(x)
+    keys = list(dask.core.flatten(x.__dask_keys__()))
+    if not futures or len(futures) != len(keys) or {f.key for f in futures} != set(keys):
+        return None
+    client = futures[0].client
+    if client.status != "running" or any(f.client is not client for f in futures):
+        return None
+    wait(futures)
+    if any(f.status != "finished" for f in futures):
+        return None
+    who_has = client.who_has(futures)
+    holders = {}
+    for key in keys:
+        held_by = sorted(who_has.get(key, ()))
+        if not held_by:
+            return None
+        holders.setdefault(held_by[0], []).append(key)
+    holders = dict(sorted(holders.items()))
+    rank = {key: i for i, key in enumerate(keys)}
+    order = np.argsort([rank[key] for held in holders.values() for key in held])
+    first = tuple(next(i for i, c in enumerate(chunks) if c) for chunks in x.chunks)
+    return client, holders, (x.name, *first), order
+
+
+async def _clip_async(client, holders, services, first_key, order, dtype, kappa, max_iters):
+    call = uuid.uuid4().hex
+    addresses = list(holders)
+    try:
+        opened = await asyncio.gather(*(
+            _execute(client, a, services[a], "open", call, holders[a], first_key)
+            for a in addresses))
+        nbins = min(bins for bins, _, _ in opened)
+        first = next(f for _, f, _ in opened if f is not None)
+        # NumPy blocks' head rows go back into block order, so that their sums add up as the
+        # graph adds them; CuPy workers send one row per device, taken in worker order
+        if not all(per_block for _, _, per_block in opened):
+            order = None
+        steps = clip_steps(dtype, kappa, max_iters, nbins, first)
+        params = next(steps)
+        while True:
+            replies = await asyncio.gather(*(
+                _execute(client, a, services[a], "run", call, params) for a in addresses))
+            try:
+                params = steps.send(_combine(replies, order, dtype, params))
+            except StopIteration as stop:
+                return stop.value
+    finally:
+        for a in addresses:  # no need to wait for it
+            _background(client, _execute(client, a, services[a], "close", call))
+
+
+def _combine(replies, order, dtype, params):
+    """A pass's result from the workers' replies (see :meth:`ClipService.run`)."""
+    heads = np.concatenate([heads for heads, _, _ in replies])
+    if order is not None:
+        heads = heads[order]
+    p = ksc.resolve(dtype, **ksc.validate(0, **params))
+    histogram = np.zeros(0 if p["extremes"] else ksc.bin_count(p["bins"]))
+    for _, offset, part in replies:
+        histogram[offset:offset + part.size] += part
+    return finish(heads, histogram, params)
+
+
+def _call(client, address, actor, method, *args):
+    return client.sync(_execute, client, address, actor, method, *args)
+
+
+async def _execute(client, address, actor, method, *args):
+    """Call ``method`` of the actor ``actor`` on worker ``address`` over the client's own
+    connection to the worker (what ``distributed.Actor`` does with ``direct_to_workers``; its
+    default goes through the scheduler, a hop more per call)."""
+    from distributed.protocol import to_serialize
+
+    reply = await client.rpc(address).actor_execute(
+        actor=actor, function=method, args=[to_serialize(a) for a in args], kwargs={})
+    if reply["status"] != "OK":
+        raise reply["exception"]
+    return reply["result"]
+
+
+#: The attribute of a client that holds its ClipService actors' futures, by worker address: they
+#: keep the actors alive, and live and die with the client (a cache beside it would keep it alive).
+_ATTRIBUTE = "_chunkernels_clip_services"
+_SERVICES_LOCK = threading.Lock()
+#: Calls sent without waiting for their reply, kept until they finish.
+_PENDING: set = set()
+
+
+def _services(client, addresses) -> dict:
+    """The key of the ClipService actor on each worker of ``addresses``, made where missing."""
+    from distributed import wait
+
+    with _SERVICES_LOCK:
+        known = client.__dict__.setdefault(_ATTRIBUTE, {})
+        missing = [a for a in addresses if a not in known or known[a].status != "finished"]
+        if missing:
+            made = {a: client.submit(ClipService, workers=[a], allow_other_workers=False,
+                                     actor=True, pure=False,
+                                     key=f"chunkernels-clip-service-{uuid.uuid4().hex}")
+                    for a in missing}
+            wait(list(made.values()))
+            failed = [a for a, f in made.items() if f.status != "finished"]
+            if failed:
+                raise OSError(f"κ-σ clipping could not start its actor on worker(s) {failed}")
+            known.update(made)
+        return {a: known[a].key for a in addresses}
+
+
+def release(client) -> int:
+    """Release the ClipService actors of ``client`` (the next clipping makes them again); how
+    many there were. Closing the client releases them too."""
+    with _SERVICES_LOCK:
+        return len(client.__dict__.pop(_ATTRIBUTE, {}))
+
+
+def _background(client, coroutine) -> None:
+    task = asyncio.ensure_future(coroutine)
+    _PENDING.add(task)
+    task.add_done_callback(_done)
+
+
+def _done(task) -> None:
+    _PENDING.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: a worker gone meanwhile is no error of the result
+

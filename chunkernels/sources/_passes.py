@@ -1,0 +1,338 @@
+"""The passes of κ-σ clipping and the loop that drives them, for CuPy arrays and Dask arrays.
+
+Each round of the lesson's loop is one pass of the ``kappa_sigma_clip`` reduction kernel
+(``chunkernels/kernels/kappa_sigma_clip.py``) that counts and sums the values still kept and
+histograms their keys, then one (float32) to three (float64) passes that refine the histogram bin
+holding the median until it is exact. :func:`clip_steps` is that loop as a generator of passes;
+whatever runs the passes drives it: :class:`DevicePasses` (CuPy blocks in this process),
+:class:`HostPasses` (NumPy blocks in this process: a cluster worker's share),
+:class:`GraphPasses` (a Dask graph per pass) and, on a distributed cluster, the workers' actors
+(``chunkernels/sources/_clip_cluster.py``). Only a few numbers come back to the host per pass.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from chunkernels import cluster, cuda
+from chunkernels._apply import apply
+from chunkernels.kernels import kappa_sigma_clip as ksc
+
+
+class ClipResult(NamedTuple):
+    """Statistics of the values κ-σ clipping keeps.
+
+    Attributes
+    ----------
+    median
+        Exact median of the kept values, as :func:`numpy.median` gives it (a NumPy scalar of the
+        input's float type, float64 for integers; NaN when nothing is kept).
+    std
+        Population standard deviation of the kept values (``ddof=0``), computed in float64.
+    count
+        Number of kept values.
+    iterations
+        Clipping rounds performed: the number of times the lesson's loop computes a median and a
+        standard deviation. When ``converged``, the last round clipped nothing.
+    lower, upper
+        The kept values are exactly those strictly inside ``(lower, upper)`` (float64): the
+        intersection of every round's window ``median ± kappa * std``.
+    mean
+        Mean of the kept values (float64).
+    converged
+        Whether clipping stopped because a round clipped nothing (else ``max_iters`` stopped it).
+    """
+
+    median: np.floating
+    std: float
+    count: int
+    iterations: int
+    lower: float
+    upper: float
+    mean: float
+    converged: bool
+
+
+def median_type(dtype) -> np.dtype:
+    """The type :func:`numpy.median` returns for data of ``dtype``."""
+    return np.dtype(dtype) if np.dtype(dtype).kind == "f" else np.dtype(np.float64)
+
+
+def window_of(median, std, kappa):
+    centre = float(median)
+    return centre - kappa * std, centre + kappa * std
+
+
+def intersect(lower, upper, lo, hi):
+    if math.isnan(lo) or math.isnan(lower):
+        return math.nan, math.nan
+    return max(lower, lo), min(upper, hi)
+
+
+# -- the loop ----------------------------------------------------------------------------------------
+
+def clip_with_passes(run, dtype, kappa, max_iters, first=None) -> ClipResult:
+    """The lesson's loop with each round's statistics from passes of the kappa_sigma_clip kernel.
+
+    ``run(**params)`` performs one pass over all the data and returns its result (a NumPy
+    vector of ``ksc.HEAD`` values); ``first`` is the first value of the data (default:
+    ``run.first_value()``), the shift of the first round's sums.
+    """
+    first = run.first_value() if first is None else first
+    return drive(clip_steps(dtype, kappa, max_iters, run.nbins, first), run)
+
+
+def drive(steps, run):
+    """Run the passes a :func:`clip_steps` generator asks for; its result."""
+    try:
+        params = next(steps)
+        while True:
+            params = steps.send(run(**params))
+    except StopIteration as stop:
+        return stop.value
+
+
+def clip_steps(dtype, kappa, max_iters, nbins, first):
+    """The lesson's loop as a generator of passes: it yields the parameters of each pass and is
+    sent the pass's result back; it returns the :class:`ClipResult`.
+
+    The first pass sees every value; each later one only the values whose keys lie in the window
+    kept so far, so NaNs are counted once, in the first. Where the float64 sums of a round
+    overflow (values beyond about 1e154), an extremes pass finds the largest magnitude and the
+    round is passed again with its sums scaled by a power of two (kept for the later rounds),
+    which makes them exact multiples of the unscaled ones: the statistics are those of the
+    definition (:func:`chunkernels.sources.clip_reference`), finite wherever the values are.
+    """
+    dtype = ksc.check_dtype(dtype)
+    window = ksc.all_keys(dtype)
+    lower, upper = -math.inf, math.inf
+    center, scale = float(first), 1.0
+    size_before, iterations, before = None, 0, None
+    while True:
+        first_pass = {"window": window, "bins": ksc.fit_bins(*window, nbins), "center": center}
+        head = yield {**first_pass, "scale": scale}
+        count = int(head[ksc.COUNT])
+        nans = int(head[ksc.NANS]) if size_before is None else 0
+        size = count + nans
+        if size_before == size:
+            median, std, mean = before
+            return ClipResult(median, std, size, iterations, lower, upper, mean, True)
+        if nans or count == 0:
+            median, std, mean = median_type(dtype).type(np.nan), math.nan, math.nan
+        else:
+            mean, std, finite = _moments(head, count, center, scale)
+            if not finite:
+                rescaled = yield from _rescale_steps(window, center)
+                if rescaled is not None:  # else: infinite values, a NaN std as np.std gives
+                    scale = rescaled
+                    head = yield {**first_pass, "scale": scale}
+                    mean, std, _ = _moments(head, count, center, scale)
+            median = yield from _median_steps(head, window, count, dtype, nbins)
+        if max_iters is not None and iterations == max_iters:
+            return ClipResult(median, std, size, iterations, lower, upper, mean, False)
+        iterations += 1
+        lo, hi = window_of(median, std, kappa)
+        lower, upper = intersect(lower, upper, lo, hi)
+        new = ksc.window_keys(lo, hi, dtype)
+        window = (max(window[0], new[0]), min(window[1], new[1]))
+        if math.isfinite(median):
+            center = float(median)
+        size_before, before = size, (median, std, mean)
+
+
+def _moments(head, count, center, scale):
+    """``(mean, std, finite)`` of the ``count`` values a pass summed (``(x - center) * scale``);
+    ``finite`` is False where a float64 sum or square overflowed."""
+    total, squares = float(head[ksc.SUM]), float(head[ksc.SUMSQ])
+    var = (squares - total * total / count) / count
+    std = math.sqrt(var) if var > 0 else (0.0 if var <= 0 else math.nan)
+    finite = math.isfinite(total) and math.isfinite(squares) and math.isfinite(total * total)
+    return center + total / count / scale, std / scale, finite
+
+
+def _rescale_steps(window, center):
+    """A power of two that keeps every ``(x - center) * scale`` of the window below 2 in
+    magnitude, from a pass finding its largest and smallest values; None when one is infinite."""
+    extremes = yield {"window": window, "max_in": window, "min_in": window, "moments": False}
+    largest, smallest = float(extremes[ksc.AMAX]), float(extremes[ksc.BMIN])
+    if not (math.isfinite(largest) and math.isfinite(smallest)):
+        return None
+    return math.ldexp(1.0, -max(math.frexp(v)[1] for v in (largest, smallest, center)))
+
+
+def _median_steps(head, window, count, dtype, nbins):
+    """The exact median of the ``count`` values in ``window``, from the first pass's ``head``
+    (its histogram covered the whole window) and refinement passes (a generator, as
+    :func:`clip_steps`)."""
+    ranks = ((count - 1) // 2, count // 2)
+    lo, hi, shift = ksc.fit_bins(*window, nbins)
+    while True:
+        (b1, before1), (b2, _) = ((int(head[ksc.SEL + 3 * j]), int(head[ksc.SEL + 3 * j + 1]))
+                                  for j in (0, 1))
+        if shift == 0:  # single-key bins: the keys themselves
+            middle = ksc.values([lo + b1, lo + b2], dtype)
+            break
+        if b1 != b2:  # the lower middle value ends bin b1, the upper one starts bin b2
+            extremes = yield {"window": window, "max_in": _bin_keys(lo, hi, shift, b1),
+                              "min_in": _bin_keys(lo, hi, shift, b2), "moments": False}
+            middle = np.array([extremes[ksc.AMAX], extremes[ksc.BMIN]]).astype(dtype)
+            break
+        ranks = (ranks[0] - before1, ranks[1] - before1)
+        lo, hi, shift = ksc.fit_bins(*_bin_keys(lo, hi, shift, b1), nbins)
+        head = yield {"window": window, "bins": (lo, hi, shift), "ranks": ranks, "moments": False}
+    # np.median's value: the mean of the middle one or two, in the data's float type
+    return np.mean(middle[:1] if count % 2 else middle)
+
+
+def _bin_keys(lo, hi, shift, b):
+    first = lo + (b << shift)
+    return first, min(hi, first + (1 << shift) - 1)
+
+
+# -- the passes --------------------------------------------------------------------------------------
+
+class DevicePasses:
+    """Passes over CuPy blocks held in this process, one device row per GPU: every block's
+    kernel accumulates into its device's row, so a pass costs one launch per block, the rank
+    selection and one small copy to the host."""
+
+    def __init__(self, blocks):
+        cp = cuda.cupy()
+        self.blocks = [b for b in blocks if b.size]
+        self.dtype = blocks[0].dtype
+        self.passes = 0
+        devices = sorted({b.device.id for b in self.blocks}) or [cp.cuda.runtime.getDevice()]
+        self.walks = []
+        for b in self.blocks:
+            with b.device:
+                self.walks.append((b.device.id, ksc.walks(b)))
+        self.nbins = min(ksc.bins_cap(d) for d in devices)
+        self.rows = {}
+        for d in devices:
+            with cp.cuda.Device(d):
+                self.rows[d] = (cp.empty(ksc.HEAD + self.nbins, dtype=np.float64), ksc.Scratch(cp))
+
+    def first_value(self) -> float:
+        return float(self.blocks[0][(0,) * self.blocks[0].ndim]) if self.blocks else 0.0
+
+    def __call__(self, **params):
+        p, length = self._launch(params)
+        if len(self.rows) == 1:
+            cp = cuda.cupy()
+            (d, (row, _)), = self.rows.items()
+            with cp.cuda.Device(d):
+                if not p["extremes"]:
+                    ksc.select(row[:length], p["ranks"])
+                return row[:ksc.HEAD].get()
+        return finish(*self._host_rows(length), params)
+
+    def host_rows(self, **params):
+        """One pass, its result left uncombined: ``(heads, histogram)``, each device's head row
+        and the devices' histograms added up, NumPy arrays (what a cluster worker sends)."""
+        _, length = self._launch(params)
+        return self._host_rows(length)
+
+    def _launch(self, params):
+        cp = cuda.cupy()
+        p = ksc.resolve(self.dtype, **ksc.validate(0, **params))
+        length = ksc.HEAD + (0 if p["extremes"] else ksc.bin_count(p["bins"]))
+        for d, (row, scratch) in self.rows.items():
+            with cp.cuda.Device(d):
+                cp.cuda.runtime.memsetAsync(row.data.ptr, 0, length * 8,
+                                            cp.cuda.get_current_stream().ptr)
+        self.passes += 1
+        for device, block_walks in self.walks:
+            with cp.cuda.Device(device):
+                row, scratch = self.rows[device]
+                ksc.launch(block_walks, row, scratch, p)
+        return p, length
+
+    def _host_rows(self, length):
+        cp = cuda.cupy()
+        rows = []
+        for d, (row, _) in self.rows.items():
+            with cp.cuda.Device(d):
+                rows.append(row[:length].get())
+        rows = np.stack(rows)
+        return rows[:, :ksc.HEAD], rows[:, ksc.HEAD:].sum(axis=0)
+
+
+class HostPasses:
+    """Passes over NumPy blocks held in this process (a cluster worker's share of them): each
+    block's statistics as the graph's partial tasks compute them (:func:`kappa_sigma_clip.partial
+    <chunkernels.kernels.kappa_sigma_clip.partial>`), combined in block order."""
+
+    def __init__(self, blocks):
+        self.blocks = [np.asarray(b) for b in blocks]
+        self.nbins = ksc.NBINS
+        self.passes = 0
+
+    def first_value(self) -> float:
+        return next((float(b.reshape(-1)[0]) for b in self.blocks if b.size), 0.0)
+
+    def __call__(self, **params):
+        return finish(*self.host_rows(**params), params)
+
+    def host_rows(self, **params):
+        """One pass, its result left uncombined: ``(heads, histogram)``, each block's head row
+        (in block order) and the blocks' histograms added up."""
+        params = ksc.validate(0, **params)
+        self.passes += 1
+        heads, histogram = [], None
+        for block in self.blocks:
+            row = ksc.partial(block, **params)[0]
+            heads.append(row[:ksc.HEAD])
+            if histogram is None:
+                histogram = row[ksc.HEAD:]
+            else:
+                histogram += row[ksc.HEAD:]
+        return np.stack(heads), histogram
+
+
+def finish(heads, histogram, params):
+    """A pass's result from its rows left uncombined: the head rows (counts and sums added in
+    their order, as a graph's combining task adds its blocks' rows) and the summed histogram."""
+    row = np.concatenate([ksc.combine(heads), histogram])
+    return ksc.finalize(row[None], (), **params)
+
+
+class GraphPasses:
+    """Passes as Dask graphs (one task per block and one to combine them), for chunks that are
+    not in this process: on a distributed cluster's workers, or NumPy chunks run by Dask's
+    threads."""
+
+    def __init__(self, x):
+        self.x = x
+        self.nbins = graph_bins_cap(x)
+        self.passes = 0
+
+    def first_value(self) -> float:
+        if self.x.size == 0:
+            return 0.0
+        value = self.x[(0,) * self.x.ndim].compute()
+        return float(value.get() if cuda.is_cupy_array(value) else value)
+
+    def __call__(self, **params):
+        self.passes += 1
+        head = apply(self.x, "kappa_sigma_clip", **params).compute()
+        return head.get() if cuda.is_cupy_array(head) else np.asarray(head)
+
+
+def graph_bins_cap(x) -> int:
+    """Histogram bins every GPU that may run a block of ``x`` holds (all, for NumPy chunks)."""
+    if not cuda.is_cupy_array(x._meta):
+        return ksc.NBINS
+    client = cluster.current()
+    if client is None:  # no cluster: the blocks run on this process's GPU
+        return _local_bins_cap()
+    return min(client.run(_local_bins_cap).values(), default=ksc.NBINS)
+
+
+def _local_bins_cap() -> int:
+    """Runs where the blocks run: the bins the current GPU holds (all, without a GPU)."""
+    if cuda.gpu_count() == 0:
+        return ksc.NBINS
+    return ksc.bins_cap(cuda.cupy().cuda.runtime.getDevice())
