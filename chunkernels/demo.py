@@ -239,12 +239,12 @@ def _pipeline(args, client) -> int:
             chunk = args.chunks or _default_chunk((size, size))
             with steps("synthetic sky"):
                 image, truth = synthetic_sky(size, chunks=chunk, seed=args.seed, gpu=gpu)
-                image = _persist(image, client)
+                image = _place(image, client)
             source = f"synthetic sky {size}x{size} (seed {args.seed}, {len(truth['id'])} sources)"
         else:
             with steps("read image"):
                 image = _open(args.image, args.chunks, gpu, read_image)
-                image = _persist(image, client)
+                image = _place(image, client)
             truth, source = None, str(args.image)
         found = _find(image, client, steps)
     finally:
@@ -345,6 +345,17 @@ def _open(path, chunk, gpu, read_image):
         cp = cuda.cupy()
         image = image.map_blocks(cp.asarray, meta=cp.empty((0, 0), dtype=image.dtype))
     return image
+
+
+def _place(image, client):
+    """The image in memory: on a cluster, made on its workers in contiguous tiles of chunks
+    (each chunk computed where it will stay, :func:`chunkernels.cluster.distribute`), else
+    persisted by Dask's local scheduler."""
+    if client is None:
+        return _persist(image, None)
+    from chunkernels.cluster import distribute
+
+    return distribute(image, client)
 
 
 def _persist(x, client):

@@ -123,15 +123,13 @@ def run(args) -> dict:
 
 
 def _sky(shape, chunk, gpu, client):
-    """The demo's synthetic sky, made on the cluster's workers and persisted there."""
-    from distributed import wait
-
+    """The demo's synthetic sky, made on the cluster's workers in contiguous tiles of chunks
+    (:func:`chunkernels.cluster.distribute`) and kept there."""
+    from chunkernels.cluster import distribute
     from chunkernels.sources import synthetic_sky
 
     image, _ = synthetic_sky(shape, chunks=chunk, seed=SEED, gpu=gpu)
-    image = client.persist(image)
-    wait(image)
-    return image
+    return distribute(image, client)
 
 
 def _pipeline(image, client) -> dict:
