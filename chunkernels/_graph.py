@@ -671,6 +671,17 @@ def persist_blocks(a, blocks_by_worker: dict[str, list[tuple]], client):
                 for index, part in zip(indices, parts):
                     (futures[(name, *index)],) = futures_of(part)
     wait(list(futures.values()))
+    # a preference, not a pin (a lost worker's blocks must be made elsewhere): where work
+    # stealing moved some, copy them to their worker once
+    wanted = {(name, *index): worker for worker, indices in blocks_by_worker.items()
+              for index in indices}
+    who = client.who_has(list(futures.values()))
+    moved = {key: client.submit(_same, futures[key], key=(f"placed-{name}", *key[1:]),
+                                workers=[wanted[key]], allow_other_workers=True, pure=False)
+             for key, future in futures.items() if wanted[key] not in who.get(future.key, ())}
+    if moved:
+        wait(list(moved.values()))
+        futures.update(moved)
     return _array(futures, name, a.chunks, a.dtype, a._meta, [])
 
 

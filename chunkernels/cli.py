@@ -56,6 +56,9 @@ def add_cluster_arguments(parser, *, sweep: bool = False) -> None:
     group.add_argument("--scheduler", metavar="ADDRESS",
                        help="run on the running Dask cluster whose scheduler is at ADDRESS "
                             "(tcp://host:8786; `dask scheduler` + `dask cuda worker`)")
+    parser.add_argument("--protocol", choices=("tcp", "ucx"),
+                        help="how the workers of a local GPU cluster send each other blocks: "
+                             "tcp (default) or ucx (NVLink; the ucx-cu12/ucx-cu13 extra)")
 
 
 def _count(text: str, least: int = 0) -> int:
@@ -87,7 +90,7 @@ def cluster_from_args(args):
     if args.scheduler is not None:
         c = client(scheduler=args.scheduler)
     else:  # a command-line run has no use for the dashboard, nor for a port it could clash on
-        c = client(args.gpus, dashboard_address=None)
+        c = client(args.gpus, dashboard_address=None, protocol=getattr(args, "protocol", None))
     print(f"cluster: {describe(c)}", flush=True)
     return c
 

@@ -264,6 +264,8 @@ def _devices(gpus) -> list[str]:
 
 
 def _cuda_cluster(devices, threads, processes, kwargs):
+    import dask
+
     if processes is False:
         raise ValueError("GPU workers are processes, one per GPU (each sees its GPU as device 0); "
                          "processes=False applies to CPU clusters only (gpus=0)")
@@ -280,7 +282,11 @@ def _cuda_cluster(devices, threads, processes, kwargs):
         # NVLink between the GPUs of a host (cuda_ipc), and TCP over UCX for the rest
         options.update(enable_nvlink=True, enable_tcp_over_ucx=True)
     options.update(kwargs)
-    return LocalCUDACluster(**options)
+    # No work stealing: blocks are placed on purpose (distribute) and a kernel task must run
+    # where its block lives; stealing moved placed blocks and their tasks to idle GPUs, whole
+    # blocks over the network (measured: 25 / 39 blocks of a 32 / 32 placement on two H100s).
+    with dask.config.set({"distributed.scheduler.work-stealing": False}):
+        return LocalCUDACluster(**options)
 
 
 def _cpu_cluster(threads, processes, kwargs):

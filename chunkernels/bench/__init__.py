@@ -223,7 +223,7 @@ def clusters(args, *, workers: tuple[int, ...] = (1, 2)) -> Iterator[tuple[str, 
         if kind == "scheduler":
             c = cluster.client(scheduler=args.scheduler)
         elif kind == "gpu":
-            c = cluster.client(n, **quiet)
+            c = cluster.client(n, protocol=getattr(args, "protocol", None), **quiet)
         elif n == 0:
             c = cluster.client(0, **quiet)
         else:
