@@ -410,8 +410,8 @@ def placement(a) -> dict[tuple, str] | None:
         futures[key] = value
     who = client.who_has(list(futures.values()))
     out = {}
-    for key in futures:
-        holders = who.get(key) or ()
+    for key, future in futures.items():
+        holders = who.get(future.key) or ()  # a block moved into place has a key of its own
         if len(holders) != 1:
             return None
         out[key[1:]] = holders[0]
@@ -589,11 +589,11 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
     worker). A kernel task per block reads the pieces its halo needs from blocks on its own
     worker in place (no copy, no transfer); the pieces held by other workers are cut by one
     task per (source worker, destination worker) pair, so that each pair exchanges one message
-    per run, and each kernel task picks its pieces from it. The scheduler runs each task where
-    most of the bytes it reads are: a kernel task where its core block and its neighbours are
-    (a batch of strips is small), a batch task where its source blocks are. (No worker is pinned:
-    Dask's array optimisation drops layer annotations, and a lost worker's tasks must run
-    elsewhere.)"""
+    per run, and each kernel task picks its pieces from it. The batches are submitted when the
+    graph is built (they read blocks already in memory); the scheduler runs each kernel task
+    where most of the bytes it reads are: where its core block and its neighbours are (a batch
+    of strips is small). (No worker is pinned: Dask's array optimisation drops layer
+    annotations, and a lost worker's tasks must run elsewhere.)"""
     names = [a.name for a in inputs]
     targets, _ = _halo.plans(chunks, depth, boundary, False)
     tasks = Tasks()
@@ -610,14 +610,22 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
                 wanted = batches.setdefault((there, here), {})
                 for i in range(len(names)):
                     wanted.setdefault((i, source, ranges), len(wanted))
+    # The batches start now, before the kernels' graph is sent: their inputs are in memory, and
+    # a border block's kernel task waits for its batch, whose source worker would otherwise
+    # cut it when Dask's order reaches it, among its own kernel tasks. The layer holds the
+    # batches' futures, so they live as long as the graph.
+    from chunkernels import cluster
+
+    client = cluster.current()
     batch_keys = {}
     for (there, here), wanted in batches.items():
         key = (f"{name}-batch", len(batch_keys))
         batch_keys[(there, here)] = key
         sources = list(dict.fromkeys((i, s) for i, s, _ in wanted))
-        refs = tasks.items(tasks.ref((names[i], *s)) for i, s in sources)
         cuts = tuple((sources.index((i, s)), c) for i, s, c in wanted)
-        tasks.add(key, _halo.cut_many, refs, cuts)
+        blocks = [inputs[i].dask.layers[names[i]][(names[i], *s)] for i, s in sources]
+        tasks.graph[key] = client.submit(_halo.cut_many, blocks, cuts, key=key, workers=[there],
+                                         allow_other_workers=True, pure=False)
     for index, target in targets.items():
         key = (name, *index)
         cores = tasks.items(tasks.ref((n, *index)) for n in names)

@@ -177,14 +177,22 @@ def test_one_worker_per_gpu():
     x_np = random_array(np.random.default_rng(4), (256, 64), "float32")
     with cluster.client(gpus=n, **QUIET) as c:
         assert cluster.worker_count(c) == n
-        firsts = {v.split(",")[0] for v in c.run(os.environ.get, "CUDA_VISIBLE_DEVICES").values()}
-        assert len(firsts) == n  # each worker sees a different GPU as its device 0
+        gpus = set(c.run(_pci_bus_of_device_0).values())
+        assert len(gpus) == n  # each worker sees a different GPU as its device 0
         z = chunkernels.apply(_cupy_chunks(x_np, (16, 64)), "broadcast_add", 1.0).persist()
-        from distributed import futures_of
+        from distributed import futures_of, wait
 
+        wait(z)
         holders = {w for ws in c.who_has(futures_of(z)).values() for w in ws}
         assert len(holders) == n  # the blocks were spread over every GPU worker
         assert_close(z.compute(), x_np + np.float32(1))
+
+
+def _pci_bus_of_device_0() -> str:
+    """On a worker: the PCI bus of the GPU it sees as device 0."""
+    import cupy
+
+    return cupy.cuda.Device(0).pci_bus_id
 
 
 def test_current_client_is_none_without_a_client_and_imports_nothing():
