@@ -16,10 +16,10 @@ from chunkernels._apply import apply
 from chunkernels._graph import is_dask
 from chunkernels._dispatch import run_block
 from chunkernels._registry import get
+from chunkernels._shared.filters import FilterArgumentError
 from chunkernels.interop import accepts_tensors
-from chunkernels.kernels import convolve2d as C
+from chunkernels.kernels import convolve2d as convolve2d_kernel
 from chunkernels.ndimage._filters import as_input
-from chunkernels.ndimage._support import FilterArgumentError
 
 
 @accepts_tensors("in1", "in2")
@@ -64,15 +64,16 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
                                   "fillvalue": fillvalue})
     weights = params["weights"]
     out_dtype = spec.out_dtype(x.dtype, (), params)
-    C.check_types(out_dtype)
-    params["fillvalue"] = C.fill_value(params["fillvalue"], out_dtype)
+    convolve2d_kernel.check_types(out_dtype)
+    params["fillvalue"] = convolve2d_kernel.fill_value(params["fillvalue"], out_dtype)
     if params["mode"] == "valid" and not all(n >= m for n, m in zip(x.shape, weights.shape)):
         if not all(m >= n for n, m in zip(x.shape, weights.shape)):
             raise FilterArgumentError(
                 f"For 'valid' mode, one must be at least as large as the other in every "
                 f"dimension: in1 {x.shape}, in2 {weights.shape}")
         # scipy swaps the inputs (convolution commutes): the smaller in1 becomes the filter
-        x, params["weights"] = _in_type_of(x, _host(weights)), C.validate(2, _host(x))["weights"]
+        x, params["weights"] = (_in_type_of(x, _host(weights)),
+                                convolve2d_kernel.validate(2, _host(x))["weights"])
     if x.size == 0 or params["weights"].size == 0:  # scipy's shapes for empty inputs, from scipy
         return _in_type_of(x, spec.cpu(_host(x), **params))
     if not is_dask(x):  # the parameters are validated: run it now, without validating again
@@ -94,12 +95,12 @@ def _chunked_window(x, params, out_dtype):
             # the fill value is one of the result type, which in1's type may not hold
             x = da.pad(x.astype(out_dtype), pad, constant_values=params["fillvalue"])
         elif all(m - 1 <= n for n, m in zip(x.shape, weights.shape)):
-            x = da.pad(x, pad, mode=C.PAD_MODE[bd])
+            x = da.pad(x, pad, mode=convolve2d_kernel.PAD_MODE[bd])
         else:
             # dask's pad extends by at most the array's length (wider pads come out the wrong
             # shape): an image smaller than its kernel is extended by index instead
             for axis, (n, m) in enumerate(zip(x.shape, weights.shape)):
-                x = da.take(x, C.extension(n, m - 1, bd), axis=axis)
+                x = da.take(x, convolve2d_kernel.extension(n, m - 1, bd), axis=axis)
         keep = [n - 2 * (m - 1) + m - 1 for n, m in zip(x.shape, weights.shape)]
     else:
         keep = [n - m + 1 for n, m in zip(x.shape, weights.shape)]

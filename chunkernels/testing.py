@@ -8,6 +8,11 @@ import math
 import numpy as np
 
 from chunkernels import cuda
+from chunkernels._shared.cases import random_array
+
+# random_array lives below the kernels, whose ``cases`` draw their inputs with it
+__all__ = ["TOLERANCES", "assert_close", "chunkings", "graph_on_a_cluster", "random_array",
+           "to_device_view"]
 
 #: Default tolerances per result dtype kind/size: (rtol, atol). Integers compare exactly.
 TOLERANCES = {"float32": (1e-6, 1e-6), "float64": (1e-12, 1e-12)}
@@ -29,24 +34,6 @@ def assert_close(actual, expected, *, rtol=None, atol=None, err_msg=""):
                                    atol=a if atol is None else atol, err_msg=err_msg)
     else:
         np.testing.assert_array_equal(actual, expected, err_msg=err_msg)
-
-
-def random_array(rng, shape, dtype, *, nonnegative=False):
-    """Random values of ``dtype`` for kernel checks.
-
-    Floats are standard normal, or uniform in [0, 1) with ``nonnegative`` (image-like data);
-    integers are uniform in the dtype's range clipped to [-2**20, 2**20] (to [0, 2**20] with
-    ``nonnegative``), so sums of many stay exact in float64.
-    """
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        values = rng.random(shape) if nonnegative else rng.standard_normal(shape)
-        return values.astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, size=shape).astype(dtype)
-    info = np.iinfo(dtype)
-    low = 0 if nonnegative else max(info.min, -(2**20))
-    return rng.integers(low, min(info.max, 2**20), size=shape, endpoint=True).astype(dtype)
 
 
 def to_device_view(a):

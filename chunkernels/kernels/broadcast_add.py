@@ -13,7 +13,7 @@ import numpy as np
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
-from chunkernels.testing import random_array
+from chunkernels._shared.cases import random_array
 
 #: Dims the CUDA kernel walks after collapsing; views that keep more are split along the
 #: outermost axis, one launch per slice.

@@ -10,8 +10,8 @@ from __future__ import annotations
 import scipy.ndimage as ndi
 
 from chunkernels._registry import KernelSpec
+from chunkernels._shared import filters
 from chunkernels.kernels import correlate, correlate1d
-from chunkernels.ndimage import _support as S
 
 
 def reference(x, *, weights, origin, mode="reflect", cval=0.0, output=None):
@@ -49,8 +49,8 @@ SPEC = KernelSpec(
     dtypes=correlate1d.GPU_DTYPES,
     halo=halo,
     halo_rule="weights.shape[k] // 2 + |origin'[k]| per axis (origin' = -origin, minus 1 if even)",
-    boundary=S.boundary,
-    result_dtype=S.result_dtype,
+    boundary=filters.boundary,
+    result_dtype=filters.result_dtype,
     supports=correlate.supports,
     validate=correlate.validate,
     cases=correlate.cases,

@@ -10,8 +10,8 @@ from __future__ import annotations
 import scipy.ndimage as ndi
 
 from chunkernels._registry import KernelSpec
+from chunkernels._shared import filters
 from chunkernels.kernels import correlate1d
-from chunkernels.ndimage import _support as S
 
 
 def reference(x, *, weights, axis=-1, mode="reflect", cval=0.0, origin=0, output=None):
@@ -27,14 +27,14 @@ def as_correlation(weights, origin):
 def halo(ndim, *, weights, axis, origin, **params):
     """``len(weights) // 2 + |origin'|`` along ``axis``, ``origin'`` the correlation's origin."""
     weights, origin = as_correlation(weights, origin)
-    return S.depth_along(ndim, {axis: S.reach(len(weights), origin)})
+    return filters.depth_along(ndim, {axis: filters.reach(len(weights), origin)})
 
 
 def dispatch(x, *, weights, axis, mode, cval, origin, output):
     """GPU path: the equivalent correlation, one separable pass."""
     weights, origin = as_correlation(weights, origin)
     return correlate1d.pass_gpu(x, weights, axis, mode, cval, origin,
-                                S.result_dtype(x.dtype, output=output))
+                                filters.result_dtype(x.dtype, output=output))
 
 
 SPEC = KernelSpec(
@@ -49,8 +49,8 @@ SPEC = KernelSpec(
     ndim=(1, None),
     halo=halo,
     halo_rule="len(weights) // 2 + |origin'| along axis (origin' = -origin, minus 1 if even)",
-    boundary=S.boundary,
-    result_dtype=S.result_dtype,
+    boundary=filters.boundary,
+    result_dtype=filters.result_dtype,
     supports=correlate1d.supports,
     validate=correlate1d.validate,
     cases=correlate1d.cases,

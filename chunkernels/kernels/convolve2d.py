@@ -18,9 +18,9 @@ import scipy.signal as signal
 from chunkernels import cuda
 from chunkernels._errors import HaloError
 from chunkernels._registry import KernelSpec
+from chunkernels._shared.cases import random_array
+from chunkernels._shared.filters import FilterArgumentError
 from chunkernels.kernels import correlate, correlate1d
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
 
 MODES = ("full", "same", "valid")
 BOUNDARIES = {"fill": "fill", "pad": "fill", "wrap": "wrap", "circular": "wrap",
@@ -60,24 +60,24 @@ def validate(ndim, weights, mode="full", boundary="fill", fillvalue=0):
     if not cuda.is_cupy_array(weights):
         weights = np.array(weights)
     if ndim != 2 or weights.ndim != 2:
-        raise S.FilterArgumentError(f"convolve2d inputs must both be 2-D arrays; got in1 of ndim "
-                                    f"{ndim} and in2 of ndim {weights.ndim}")
+        raise FilterArgumentError(f"convolve2d inputs must both be 2-D arrays; got in1 of ndim "
+                                  f"{ndim} and in2 of ndim {weights.ndim}")
     if weights.dtype.kind not in "biufc":
-        raise S.FilterArgumentError(f"convolve2d takes numeric arrays; got in2 of dtype "
-                                    f"{weights.dtype}")
+        raise FilterArgumentError(f"convolve2d takes numeric arrays; got in2 of dtype "
+                                  f"{weights.dtype}")
     if isinstance(weights, np.ndarray):
         weights.setflags(write=False)
     if mode not in MODES:
-        raise S.FilterArgumentError(f"Acceptable mode flags are 'valid', 'same', or 'full'; got "
-                                    f"mode={mode!r}")
+        raise FilterArgumentError(f"Acceptable mode flags are 'valid', 'same', or 'full'; got "
+                                  f"mode={mode!r}")
     if boundary not in BOUNDARIES:
-        raise S.FilterArgumentError(
+        raise FilterArgumentError(
             f"Acceptable boundary flags are 'fill', 'circular' (or 'wrap'), and 'symmetric' (or "
             f"'symm'); got boundary={boundary!r}")
     fill = np.asarray(fillvalue)
     if fill.size != 1 or not isinstance(fill.reshape(()).item(), numbers.Number):
-        raise S.FilterArgumentError(f"`fillvalue` must be scalar or an array with one element; "
-                                    f"got {fillvalue!r}")
+        raise FilterArgumentError(f"`fillvalue` must be scalar or an array with one element; "
+                                  f"got {fillvalue!r}")
     return {"weights": weights, "mode": mode, "boundary": BOUNDARIES[boundary],
             "fillvalue": fill.reshape(()).item()}
 
@@ -85,7 +85,7 @@ def validate(ndim, weights, mode="full", boundary="fill", fillvalue=0):
 def check_types(out_dtype) -> None:
     """scipy.signal's convolve2d computes in the result type; it has no bool or float16 loop."""
     if np.dtype(out_dtype).kind not in "iufc" or np.dtype(out_dtype) == np.float16:
-        raise S.FilterArgumentError(
+        raise FilterArgumentError(
             f"convolve2d not available for this type: the inputs give {np.dtype(out_dtype)}; "
             f"convert them to an integer, float32/float64 or complex type first")
 
@@ -108,7 +108,7 @@ def fill_value(value, out_dtype):
             info = np.iinfo(out_dtype)
             if info.min <= int(number) <= info.max:
                 return int(number)
-    raise S.FilterArgumentError(
+    raise FilterArgumentError(
         f"could not cast `fillvalue` directly to the output type (it was first converted to "
         f"complex): fillvalue={value!r} for a result of dtype {np.dtype(out_dtype)}; give a fill "
         f"value that {np.dtype(out_dtype)} can hold")

@@ -12,9 +12,10 @@ import scipy.ndimage as ndi
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
+from chunkernels._shared.filters import FilterArgumentError
 from chunkernels.kernels import correlate1d
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
 
 #: Filtered dims the CUDA kernel handles; other axes must have one tap (they are looped over).
 MAX_FILTERED = 3
@@ -29,46 +30,46 @@ def reference(x, *, weights, origin, mode="reflect", cval=0.0, output=None):
 def validate(ndim, weights, mode="reflect", cval=0.0, origin=0, axes=None, output=None):
     """scipy.ndimage.correlate's parameters: the weights expanded to the input's ndim (size-1
     axes for the axes not filtered) and one origin per axis."""
-    weights = S.weights_array(weights)
-    axes = S.check_axes(axes, ndim)
+    weights = filters.weights_array(weights)
+    axes = filters.check_axes(axes, ndim)
     if weights.ndim != len(axes):
-        raise S.FilterArgumentError(
+        raise FilterArgumentError(
             f"weights.ndim ({weights.ndim}) must match len(axes) ({len(axes)}): weights of shape "
             f"{weights.shape} for an input of ndim {ndim}; give weights with one axis per "
             f"filtered axis")
     if 0 in weights.shape:
-        raise S.FilterArgumentError(f"no filter weights given: weights of shape {weights.shape}")
+        raise FilterArgumentError(f"no filter weights given: weights of shape {weights.shape}")
     full = np.expand_dims(weights, tuple(a for a in range(ndim) if a not in axes))
     full.setflags(write=False)
     origins = [0] * ndim
     # scipy gives the weights' axes to the filtered axes in increasing order, and the origins in
     # the order axes lists them, except when every axis is filtered: then in axis order too
     order = range(ndim) if len(axes) == ndim else axes
-    for ax, o in zip(order, S.per_axis(origin, len(axes), "origin")):
-        origins[ax] = S.check_origin(o, full.shape[ax])
+    for ax, o in zip(order, filters.per_axis(origin, len(axes), "origin")):
+        origins[ax] = filters.check_origin(o, full.shape[ax])
     if not isinstance(mode, str):
-        raise S.FilterArgumentError(f"A sequence of modes is not supported: mode={mode!r}; N-D "
-                                    f"correlate and convolve take one mode for every axis")
-    return {"weights": full, "origin": tuple(origins), "mode": S.canonical_mode(mode),
-            "cval": S.check_cval(cval), "output": S.output_dtype(output)}
+        raise FilterArgumentError(f"A sequence of modes is not supported: mode={mode!r}; N-D "
+                                  f"correlate and convolve take one mode for every axis")
+    return {"weights": full, "origin": tuple(origins), "mode": filters.canonical_mode(mode),
+            "cval": filters.check_cval(cval), "output": filters.output_dtype(output)}
 
 
 def halo(ndim, *, weights, origin, **params):
     """``weights.shape[k] // 2 + |origin[k]|`` along every axis."""
-    return tuple(S.reach(m, o) for m, o in zip(weights.shape, origin))
+    return tuple(filters.reach(m, o) for m, o in zip(weights.shape, origin))
 
 
 def dispatch(x, *, weights, origin, mode, cval, output):
     """GPU path: the N-D tile kernel."""
     starts = [-(m // 2 + o) for m, o in zip(weights.shape, origin)]
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     return correlate_gpu(x, weights, starts, x.shape, mode, cval, out_dtype,
                          correlate1d.accumulator(x.dtype, out_dtype))
 
 
 def supports(x, *, weights, output=None, **params):
     """The tile kernel: real weights, at most three filtered axes, a tile that fits."""
-    out_dtype = S.result_dtype(x.dtype, output=output, weights=weights)
+    out_dtype = filters.result_dtype(x.dtype, output=output, weights=weights)
     return nd_supports(x, weights, out_dtype, correlate1d.accumulator(x.dtype, out_dtype))
 
 
@@ -191,7 +192,7 @@ class _NDPlan:
             scalars = (*map(np.int32, taps3),
                        *map(index, xv.shape), *map(index, layout.element_strides(xv)),
                        *map(index, ov.shape), *map(index, layout.element_strides(ov)),
-                       *map(index, st), np.int32(S.MODES.index(mode)))
+                       *map(index, st), np.int32(filters.MODES.index(mode)))
             # a launch without looped axes reads x and writes the allocation from their first
             # element: the arrays themselves carry the addresses, no view is needed per call
             self.launches.append((pick if looped else None, pad, grid, scalars))
@@ -246,7 +247,7 @@ def cases(rng):
     """Random inputs for ``chunkernels check``."""
     x = random_array(rng, (37, 29), "float64")
     w = rng.standard_normal((5, 4))
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"weights": w, "mode": mode, "cval": 0.5, "origin": (1, -2)}
     yield random_array(rng, (20, 9, 10), "float32").transpose(2, 0, 1)[:, ::-1], (), {
         "weights": rng.standard_normal((3, 2, 3)), "mode": "wrap"}
@@ -269,8 +270,8 @@ SPEC = KernelSpec(
     dtypes=correlate1d.GPU_DTYPES,
     halo=halo,
     halo_rule="weights.shape[k] // 2 + |origin[k]| per axis",
-    boundary=S.boundary,
-    result_dtype=S.result_dtype,
+    boundary=filters.boundary,
+    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

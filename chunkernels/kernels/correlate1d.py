@@ -16,8 +16,9 @@ import scipy.ndimage as ndi
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
+from chunkernels._shared.filters import FilterArgumentError
 
 #: Dtypes the CUDA kernels read and write; others (float16, complex) take the CPU reference.
 GPU_DTYPES = ("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16",
@@ -38,28 +39,30 @@ def reference(x, *, weights, axis=-1, mode="reflect", cval=0.0, origin=0, output
 
 def validate(ndim, weights, axis=-1, mode="reflect", cval=0.0, origin=0, output=None):
     """scipy.ndimage.correlate1d's parameters, checked and normalised."""
-    weights = S.weights_array(weights)
+    weights = filters.weights_array(weights)
     if weights.ndim != 1 or weights.shape[0] < 1:
-        raise S.FilterArgumentError(f"no filter weights given: correlate1d needs a non-empty 1-D "
-                                    f"weights array; got shape {weights.shape}")
-    return {"weights": weights, "axis": S.check_axis(axis, ndim), "mode": S.canonical_mode(mode),
-            "cval": S.check_cval(cval), "origin": S.check_origin(origin, weights.shape[0]),
-            "output": S.output_dtype(output)}
+        raise FilterArgumentError(f"no filter weights given: correlate1d needs a non-empty 1-D "
+                                  f"weights array; got shape {weights.shape}")
+    return {"weights": weights, "axis": filters.check_axis(axis, ndim),
+            "mode": filters.canonical_mode(mode), "cval": filters.check_cval(cval),
+            "origin": filters.check_origin(origin, weights.shape[0]),
+            "output": filters.output_dtype(output)}
 
 
 def halo(ndim, *, weights, axis, origin, **params):
     """``len(weights) // 2 + |origin|`` along ``axis``."""
-    return S.depth_along(ndim, {axis: S.reach(len(weights), origin)})
+    return filters.depth_along(ndim, {axis: filters.reach(len(weights), origin)})
 
 
 def dispatch(x, *, weights, axis, mode, cval, origin, output):
     """GPU path: one separable pass (:func:`pass_gpu`)."""
-    return pass_gpu(x, weights, axis, mode, cval, origin, S.result_dtype(x.dtype, output=output))
+    return pass_gpu(x, weights, axis, mode, cval, origin,
+                    filters.result_dtype(x.dtype, output=output))
 
 
 def supports(x, *, weights, output=None, **params):
     """The CUDA pass takes real weights, the GPU dtypes, and a tile that fits in shared memory."""
-    out_dtype = S.result_dtype(x.dtype, output=output, weights=weights)
+    out_dtype = filters.result_dtype(x.dtype, output=output, weights=weights)
     return gpu_supports(x, out_dtype, weights=weights,
                         smem=pass_smem(len(weights), accumulator(x.dtype, out_dtype).itemsize))
 
@@ -187,7 +190,7 @@ class _PassPlan:
         expr_head = (f"correlate1d_pass<{cuda.cuda_type(x.dtype)}, {cuda.cuda_type(out.dtype)}, "
                      f"{cuda.cuda_type(self.acc)}, {'long long' if index is np.int64 else 'int'}")
         scalars = (np.int32(m), np.int32(m // 2 + origin))
-        code = np.int32(S.MODES.index(mode))
+        code = np.int32(filters.MODES.index(mode))
         for path, geometry in _pass_views(x, out, axis):
             n, sxa, soa, ncol, sxc, soc, e0, e1, sx0, sx1, so0, so1 = geometry
             fast = "true" if abs(soa) == 1 and n > 1 else "false"
@@ -266,7 +269,7 @@ def cases(rng):
     """Random inputs for ``chunkernels check``: modes, origins, layouts, integer data."""
     w5 = rng.standard_normal(5)
     x = random_array(rng, (37, 29), "float64")
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"weights": w5, "axis": 0, "mode": mode, "cval": 0.5}
     yield random_array(rng, (23, 31), "float32"), (), {"weights": rng.standard_normal(4), "origin": -2}
     yield random_array(rng, (8, 9, 10), "float32").transpose(2, 0, 1)[::-1], (), {"weights": w5, "axis": 1, "mode": "wrap"}
@@ -291,9 +294,9 @@ SPEC = KernelSpec(
     ndim=(1, None),
     halo=halo,
     halo_rule="len(weights) // 2 + |origin| along axis",
-    boundary=S.boundary,
-    stack=S.stacked_axis,
-    result_dtype=S.result_dtype,
+    boundary=filters.boundary,
+    stack=filters.stacked_axis,
+    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

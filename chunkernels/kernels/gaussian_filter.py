@@ -13,9 +13,10 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels._registry import KernelSpec
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
+from chunkernels._shared.filters import FilterArgumentError
 from chunkernels.kernels import correlate1d
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
 
 #: scipy skips axes whose sigma is at most this.
 SIGMA_EPS = 1e-15
@@ -31,50 +32,50 @@ def validate(ndim, sigma, order=0, mode="reflect", cval=0.0, truncate=4.0, radiu
              axes=None, output=None):
     """scipy.ndimage.gaussian_filter's parameters, per filtered axis; axes with sigma <= 1e-15
     are dropped, as scipy drops them."""
-    axes = S.check_axes(axes, ndim)
+    axes = filters.check_axes(axes, ndim)
     count = len(axes)
-    sigmas = [S.real_number(s, "sigma") for s in S.per_axis(sigma, count, "sigma")]
-    orders = [_order(o) for o in S.per_axis(order, count, "order")]
-    modes = S.per_axis(mode, count, "mode")  # checked on the axes filtered, as scipy checks
-    truncate = S.real_number(truncate, "truncate")
+    sigmas = [filters.real_number(s, "sigma") for s in filters.per_axis(sigma, count, "sigma")]
+    orders = [_order(o) for o in filters.per_axis(order, count, "order")]
+    modes = filters.per_axis(mode, count, "mode")  # checked on the axes filtered, as scipy checks
+    truncate = filters.real_number(truncate, "truncate")
     keep = [i for i in range(count) if sigmas[i] > SIGMA_EPS]
-    radii = S.per_axis(radius, count, "radius")
+    radii = filters.per_axis(radius, count, "radius")
     for i in keep:
         r = int(truncate * float(sigmas[i]) + 0.5) if radii[i] is None else radii[i]
         if not isinstance(r, numbers.Integral) or r < 0:
-            raise S.FilterArgumentError(
+            raise FilterArgumentError(
                 f"Radius must be a nonnegative integer: radius={r!r} (sigma={sigmas[i]}, "
                 f"truncate={truncate}); give radius >= 0, or sigma and truncate whose "
                 f"int(truncate * sigma + 0.5) is")
         radii[i] = int(r)
     pick = lambda seq: tuple(seq[i] for i in keep)  # noqa: E731
     return {"sigma": pick(sigmas), "order": pick(orders),
-            "mode": tuple(S.canonical_mode(m) for m in pick(modes)),
-            "radius": pick(radii), "axes": pick(axes), "cval": S.check_cval(cval),
-            "truncate": truncate, "output": S.output_dtype(output)}
+            "mode": tuple(filters.canonical_mode(m) for m in pick(modes)),
+            "radius": pick(radii), "axes": pick(axes), "cval": filters.check_cval(cval),
+            "truncate": truncate, "output": filters.output_dtype(output)}
 
 
 def _order(value) -> int:
-    value = S.as_int(value, "order")
+    value = filters.as_int(value, "order")
     if value < 0:
-        raise S.FilterArgumentError(f"order must be non-negative; got {value}")
+        raise FilterArgumentError(f"order must be non-negative; got {value}")
     return int(value)
 
 
 def halo(ndim, *, radius, axes, **params):
     """``radius`` along each filtered axis (``int(truncate * sigma + 0.5)`` unless given)."""
-    return S.depth_along(ndim, dict(zip(axes, radius)))
+    return filters.depth_along(ndim, dict(zip(axes, radius)))
 
 
 def passes(sigma, order, mode, radius, axes):
     """``(axis, weights, mode)`` of each separable pass, in scipy's order."""
-    return [(ax, S.gaussian_weights(s, o, r), md)
+    return [(ax, filters.gaussian_weights(s, o, r), md)
             for ax, s, o, md, r in zip(axes, sigma, order, mode, radius)]
 
 
 def dispatch(x, *, sigma, order, mode, radius, axes, cval, truncate, output):
     """GPU path: one correlate1d pass per filtered axis, each stored in the output dtype."""
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     steps = passes(sigma, order, mode, radius, axes)
     if not steps:
         return x.astype(out_dtype, order="K", copy=True)
@@ -84,7 +85,7 @@ def dispatch(x, *, sigma, order, mode, radius, axes, cval, truncate, output):
 
 
 def supports(x, *, radius, output=None, **params):
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     itemsize = correlate1d.accumulator(x.dtype, out_dtype).itemsize
     smem = max((correlate1d.pass_smem(2 * r + 1, itemsize) for r in radius), default=0)
     return correlate1d.gpu_supports(x, out_dtype, smem=smem)
@@ -93,7 +94,7 @@ def supports(x, *, radius, output=None, **params):
 def cases(rng):
     """Random inputs for ``chunkernels check``."""
     x = random_array(rng, (41, 37), "float64")
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"sigma": 2.0, "mode": mode, "cval": 0.25}
     yield random_array(rng, (30, 25, 6), "float32").transpose(1, 0, 2), (), {
         "sigma": (1.5, 0.8, 0.0), "order": (0, 1, 2), "mode": ("wrap", "mirror", "reflect")}
@@ -112,9 +113,9 @@ SPEC = KernelSpec(
     dtypes=correlate1d.GPU_DTYPES,
     halo=halo,
     halo_rule="radius = int(truncate * sigma + 0.5) per filtered axis",
-    boundary=S.boundary,
-    stack=S.stacked_axes,
-    result_dtype=S.result_dtype,
+    boundary=filters.boundary,
+    stack=filters.stacked_axes,
+    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

@@ -20,9 +20,9 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels import cuda
-from chunkernels.kernels import gaussian_laplace as GL
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
+from chunkernels.kernels import gaussian_laplace
 
 
 def reference(x, *, sigma, axes, mode, radius, cval=0.0, truncate=4.0, output=None):
@@ -36,28 +36,29 @@ def validate(ndim, sigma, mode="reflect", cval=0.0, axes=None, truncate=4.0, rad
     """scipy.ndimage.gaussian_gradient_magnitude's parameters: ``mode`` per filtered axis;
     ``sigma``, ``truncate`` and ``radius`` go to the Gaussian filter of every axis of the input,
     as scipy passes them (so ``sigma`` is one per axis of the input)."""
-    axes = S.check_axes(axes, ndim)
-    sigma, radius, truncate = GL.smoothing(ndim, sigma, truncate, radius, axes)
-    return {"sigma": sigma, "axes": axes, "mode": S.modes(mode, len(axes)), "radius": radius,
-            "cval": S.check_cval(cval), "truncate": truncate, "output": S.output_dtype(output)}
+    axes = filters.check_axes(axes, ndim)
+    sigma, radius, truncate = gaussian_laplace.smoothing(ndim, sigma, truncate, radius, axes)
+    return {"sigma": sigma, "axes": axes, "mode": filters.modes(mode, len(axes)), "radius": radius,
+            "cval": filters.check_cval(cval), "truncate": truncate,
+            "output": filters.output_dtype(output)}
 
 
 def halo(ndim, *, sigma, axes, mode, radius, **params):
     """``radius`` (``int(truncate * sigma + 0.5)`` unless given) along every axis with a sigma
     (filtered or not, as scipy smooths them); the whole axis where the modes mix ``wrap`` with
     others."""
-    return GL.terms_halo(ndim, sigma, radius, axes, mode)
+    return gaussian_laplace.terms_halo(ndim, sigma, radius, axes, mode)
 
 
 def dispatch(x, *, sigma, axes, mode, radius, cval, truncate, output):
     """GPU path: one term per filtered axis, its passes stored in the output dtype, squared and
     summed there, then the square root cast back to it."""
     cp = cuda.cupy()
-    out_dtype = S.result_dtype(x.dtype, output=output)
-    steps = GL.terms(sigma, radius, axes, mode, 1)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
+    steps = gaussian_laplace.terms(sigma, radius, axes, mode, 1)
     if not steps:
         return x.astype(out_dtype, order="K", copy=True)
-    out = GL.sum_gpu(x, steps, cval, out_dtype, each=_square)
+    out = gaussian_laplace.sum_gpu(x, steps, cval, out_dtype, each=_square)
     # scipy's np.sqrt(output, output, casting="unsafe") computes in the dtype NumPy's sqrt picks
     # for the output's (float16 for 8-bit integers, float32 for 16-bit ones) and casts back
     root = np.sqrt.resolve_dtypes((out_dtype, None))[-1]
@@ -78,7 +79,7 @@ def _square(term):
 def cases(rng):
     """Random inputs for ``chunkernels check``."""
     x = random_array(rng, (35, 38), "float64")
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"sigma": 1.2, "mode": mode, "cval": -0.5}
     yield random_array(rng, (18, 15, 8), "float32").transpose(2, 1, 0)[::-1], (), {
         "sigma": (1.0, 0.0, 1.5), "axes": (2, 0), "mode": ("mirror", "constant")}
@@ -91,7 +92,7 @@ def cases(rng):
 
 #: gaussian_laplace's spec (GPU support, boundary) with this kernel's parameters and passes
 SPEC = dataclasses.replace(
-    GL.SPEC,
+    gaussian_laplace.SPEC,
     name="gaussian_gradient_magnitude",
     summary="Gradient magnitude with Gaussian derivatives; reference "
             "scipy.ndimage.gaussian_gradient_magnitude",

@@ -18,9 +18,10 @@ import dataclasses
 import numpy as np
 import scipy.ndimage as ndi
 
+from chunkernels._halo import WHOLE_AXIS
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
 from chunkernels.kernels import correlate1d, gaussian_filter
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
 
 
 def reference(x, *, sigma, axes, mode, radius, cval=0.0, truncate=4.0, output=None):
@@ -34,12 +35,13 @@ def validate(ndim, sigma, mode="reflect", cval=0.0, axes=None, truncate=4.0, rad
     """scipy.ndimage.gaussian_laplace's parameters: ``sigma`` and ``mode`` per filtered axis;
     ``truncate`` and ``radius`` go to the Gaussian filter of every axis, as scipy passes them, so
     ``radius`` is one per axis of the input (the unfiltered axes' unused)."""
-    axes = S.check_axes(axes, ndim)
-    full = _full_sigma(ndim, S.per_axis(sigma, len(axes), "sigma"), axes)
+    axes = filters.check_axes(axes, ndim)
+    full = _full_sigma(ndim, filters.per_axis(sigma, len(axes), "sigma"), axes)
     full, radius, truncate = smoothing(ndim, full, truncate, radius, axes)
     return {"sigma": tuple(full) if len(axes) == ndim else tuple(full[ax] for ax in axes),
-            "axes": axes, "mode": S.modes(mode, len(axes)), "radius": radius,
-            "cval": S.check_cval(cval), "truncate": truncate, "output": S.output_dtype(output)}
+            "axes": axes, "mode": filters.modes(mode, len(axes)), "radius": radius,
+            "cval": filters.check_cval(cval), "truncate": truncate,
+            "output": filters.output_dtype(output)}
 
 
 def smoothing(ndim, sigma, truncate, radius, axes):
@@ -77,7 +79,7 @@ def terms(sigma, radius, axes, mode, order):
     derivative ``order`` along that axis and 0 along the others; ``passes`` are its
     ``(axis, weights)`` along every axis whose sigma (one per axis of the input) is > 1e-15, in
     axis order, as scipy's gaussian_filter runs them."""
-    return [(md, [(a, S.gaussian_weights(s, order if a == ax else 0, r))
+    return [(md, [(a, filters.gaussian_weights(s, order if a == ax else 0, r))
                   for a, (s, r) in enumerate(zip(sigma, radius))
                   if s > gaussian_filter.SIGMA_EPS])
             for ax, md in zip(axes, mode)]
@@ -89,13 +91,13 @@ def terms_halo(ndim, sigma, radius, axes, mode):
     Where the filtered axes' modes mix ``wrap`` with others, every term filters every such axis
     with its own mode: a block at the array's edge would need its halo both wrapped around the
     array and not, which one halo exchange cannot give; those axes take the whole axis
-    (:data:`~chunkernels.ndimage._support.WHOLE_AXIS`: ``apply`` makes them one chunk).
+    (:data:`~chunkernels._halo.WHOLE_AXIS`: ``apply`` makes them one chunk).
     """
     if not axes:
         return (0,) * ndim
     mixed = len({md == "wrap" for md in mode}) > 1
-    return S.depth_along(ndim, {
-        a: S.WHOLE_AXIS if mixed and r else r
+    return filters.depth_along(ndim, {
+        a: WHOLE_AXIS if mixed and r else r
         for a, (s, r) in enumerate(zip(sigma, radius)) if s > gaussian_filter.SIGMA_EPS})
 
 
@@ -103,7 +105,7 @@ def terms_boundary(mode="reflect", **params):
     """``"periodic"`` when every term wraps, else ``"none"`` (mixed modes make the filtered axes
     one chunk, :func:`terms_halo`, where the boundary does not matter)."""
     modes = [mode] if isinstance(mode, str) else list(mode)
-    wrap = [S.MODE_SYNONYMS.get(md, md) == "wrap" for md in modes]
+    wrap = [filters.MODE_SYNONYMS.get(md, md) == "wrap" for md in modes]
     return "periodic" if wrap and all(wrap) else "none"
 
 
@@ -136,7 +138,7 @@ def halo(ndim, *, sigma, axes, mode, radius, **params):
 def dispatch(x, *, sigma, axes, mode, radius, cval, truncate, output):
     """GPU path: one term per filtered axis, its passes stored in the output dtype, summed
     there."""
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     steps = terms(_full_sigma(x.ndim, sigma, axes), radius, axes, mode, 2)
     return sum_gpu(x, steps, cval, out_dtype)
 
@@ -144,7 +146,7 @@ def dispatch(x, *, sigma, axes, mode, radius, cval, truncate, output):
 def cases(rng):
     """Random inputs for ``chunkernels check``."""
     x = random_array(rng, (37, 33), "float64")
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"sigma": 1.5, "mode": mode, "cval": 0.5}
     yield random_array(rng, (16, 21, 7), "float32").transpose(1, 0, 2)[:, ::-1], (), {
         "sigma": (1.0, 2.0), "axes": (0, 2), "mode": ("nearest", "mirror")}

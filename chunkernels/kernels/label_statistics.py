@@ -32,7 +32,7 @@ import numpy as np
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
-from chunkernels.testing import random_array
+from chunkernels._shared.cases import random_array
 
 #: Statistics a table can hold, in column order.
 STATS = ("count", "sum", "m2", "min", "max", "min_position", "max_position", "com", "centroid",

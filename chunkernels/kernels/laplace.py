@@ -11,9 +11,9 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels._registry import KernelSpec
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
 from chunkernels.kernels import correlate1d
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
 
 SECOND_DIFFERENCE = np.array([1.0, -2.0, 1.0])
 
@@ -25,19 +25,19 @@ def reference(x, *, axes, mode, cval=0.0, output=None):
 
 def validate(ndim, mode="reflect", cval=0.0, axes=None, output=None):
     """scipy.ndimage.laplace's parameters; ``mode`` may give one mode per filtered axis."""
-    axes = S.check_axes(axes, ndim)
-    return {"axes": axes, "mode": S.modes(mode, len(axes)), "cval": S.check_cval(cval),
-            "output": S.output_dtype(output)}
+    axes = filters.check_axes(axes, ndim)
+    return {"axes": axes, "mode": filters.modes(mode, len(axes)), "cval": filters.check_cval(cval),
+            "output": filters.output_dtype(output)}
 
 
 def halo(ndim, *, axes, **params):
     """1 along each filtered axis."""
-    return S.depth_along(ndim, dict.fromkeys(axes, 1))
+    return filters.depth_along(ndim, dict.fromkeys(axes, 1))
 
 
 def dispatch(x, *, axes, mode, cval, output):
     """GPU path: one correlate1d pass per axis, the terms added in the output dtype."""
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     if not axes:
         return x.astype(out_dtype, order="K", copy=True)
     out = None
@@ -51,13 +51,13 @@ def dispatch(x, *, axes, mode, cval, output):
 
 
 def supports(x, *, output=None, **params):
-    return correlate1d.gpu_supports(x, S.result_dtype(x.dtype, output=output))
+    return correlate1d.gpu_supports(x, filters.result_dtype(x.dtype, output=output))
 
 
 def cases(rng):
     """Random inputs for ``chunkernels check``."""
     x = random_array(rng, (41, 37), "float64")
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"mode": mode, "cval": 1.0}
     yield random_array(rng, (12, 15, 9), "float32")[:, ::-1], (), {
         "mode": ("wrap", "mirror"), "axes": (0, 2)}
@@ -75,8 +75,8 @@ SPEC = KernelSpec(
     dtypes=correlate1d.GPU_DTYPES,
     halo=halo,
     halo_rule="1 along each filtered axis",
-    boundary=S.boundary,
-    result_dtype=S.result_dtype,
+    boundary=filters.boundary,
+    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

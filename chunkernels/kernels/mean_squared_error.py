@@ -18,7 +18,7 @@ import numpy as np
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
-from chunkernels.testing import random_array
+from chunkernels._shared.cases import random_array
 
 #: Columns of a statistics row: sum (a-b)^2, sum a^2, sum a, min a, max a, element count.
 SUM_SQ, SUM_A2, SUM_A, MIN_A, MAX_A, COUNT = range(6)

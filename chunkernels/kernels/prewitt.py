@@ -13,9 +13,9 @@ import dataclasses
 import numpy as np
 import scipy.ndimage as ndi
 
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
 from chunkernels.kernels import sobel
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
 
 SMOOTH = np.array([1.0, 1.0, 1.0])
 
@@ -33,7 +33,7 @@ def dispatch(x, *, axis, mode, cval, output):
 def cases(rng):
     """Random inputs for ``chunkernels check``."""
     x = random_array(rng, (39, 36), "float64")
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"axis": 1, "mode": mode, "cval": -1.5}
     yield random_array(rng, (11, 14, 8), "float32").transpose(1, 2, 0)[::-1], (), {
         "axis": 0, "mode": ("mirror", "wrap", "constant")}

@@ -11,9 +11,9 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels._registry import KernelSpec
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
 from chunkernels.kernels import correlate1d
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
 
 DERIVATIVE = np.array([-1.0, 0.0, 1.0])
 SMOOTH = np.array([1.0, 2.0, 1.0])
@@ -26,9 +26,9 @@ def reference(x, *, axis=-1, mode="reflect", cval=0.0, output=None):
 
 def validate(ndim, axis=-1, mode="reflect", cval=0.0, output=None):
     """scipy.ndimage.sobel's (and prewitt's) parameters; ``mode`` may give one mode per axis."""
-    axis = S.check_axis(axis, ndim)
-    return {"axis": axis, "mode": S.modes(mode, ndim), "cval": S.check_cval(cval),
-            "output": S.output_dtype(output)}
+    axis = filters.check_axis(axis, ndim)
+    return {"axis": axis, "mode": filters.modes(mode, ndim), "cval": filters.check_cval(cval),
+            "output": filters.output_dtype(output)}
 
 
 def halo(ndim, **params):
@@ -39,7 +39,7 @@ def halo(ndim, **params):
 def boundary(mode="reflect", **params):
     """Dask's boundary per axis: ``mode`` names one mode per axis (``axis`` is the derivative's,
     not the only filtered one)."""
-    return S.boundary(mode)
+    return filters.boundary(mode)
 
 
 def passes(ndim, axis, weights_axis, weights_other):
@@ -50,7 +50,7 @@ def passes(ndim, axis, weights_axis, weights_other):
 def edge_gpu(x, axis, mode, cval, output, smooth):
     """The GPU path of sobel and prewitt: ``[-1, 0, 1]`` along ``axis``, then ``smooth`` along
     each other axis, each pass stored in the output dtype as scipy stores it."""
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     for ax, weights in passes(x.ndim, axis, DERIVATIVE, smooth):
         x = correlate1d.pass_gpu(x, weights, ax, mode[ax], cval, 0, out_dtype)
     return x
@@ -62,14 +62,14 @@ def dispatch(x, *, axis, mode, cval, output):
 
 
 def supports(x, *, output=None, **params):
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     return correlate1d.gpu_supports(x, out_dtype)
 
 
 def cases(rng):
     """Random inputs for ``chunkernels check``."""
     x = random_array(rng, (41, 37), "float64")
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"axis": 0, "mode": mode, "cval": 2.0}
     yield random_array(rng, (12, 15, 9), "float32").transpose(2, 0, 1), (), {
         "axis": -1, "mode": ("wrap", "mirror", "nearest")}
@@ -89,7 +89,7 @@ SPEC = KernelSpec(
     halo=halo,
     halo_rule="1 along every axis",
     boundary=boundary,
-    result_dtype=S.result_dtype,
+    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

@@ -17,6 +17,7 @@ import numpy as np
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
+from chunkernels._shared.interpolation import check_mode, check_order
 
 #: Poles of the B-spline prefilter per order (SciPy's ``get_filter_poles``).
 POLES = {
@@ -149,8 +150,6 @@ def dispatch(x, *, order=3, axes=None, mode="mirror", dtype=np.float64):
 
 
 def _validate(ndim, *, order=3, axes=None, mode="mirror", dtype=np.float64):
-    from chunkernels.ndimage._interpolation import check_mode, check_order
-
     order = check_order(order)
     mode = check_mode(mode)
     if axes is None:

@@ -14,9 +14,10 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels._registry import KernelSpec
+from chunkernels._shared import filters
+from chunkernels._shared.cases import random_array
+from chunkernels._shared.filters import FilterTypeError
 from chunkernels.kernels import correlate1d
-from chunkernels.ndimage import _support as S
-from chunkernels.testing import random_array
 
 
 def reference(x, *, size, origin, mode, axes, cval=0.0, output=None):
@@ -27,19 +28,19 @@ def reference(x, *, size, origin, mode, axes, cval=0.0, output=None):
 def validate(ndim, size=3, mode="reflect", cval=0.0, origin=0, axes=None, output=None):
     """scipy.ndimage.uniform_filter's parameters, per filtered axis; axes of size <= 1 are
     dropped, as scipy drops them."""
-    axes = S.check_axes(axes, ndim)
+    axes = filters.check_axes(axes, ndim)
     count = len(axes)
-    sizes = [_size(s) for s in S.per_axis(size, count, "size")]
-    origins = [S.as_int(o, "origin") for o in S.per_axis(origin, count, "origin")]
-    modes = S.per_axis(mode, count, "mode")  # checked on the axes filtered, as scipy checks
+    sizes = [_size(s) for s in filters.per_axis(size, count, "size")]
+    origins = [filters.as_int(o, "origin") for o in filters.per_axis(origin, count, "origin")]
+    modes = filters.per_axis(mode, count, "mode")  # checked on the axes filtered, as scipy checks
     keep = [i for i in range(count) if sizes[i] > 1]
     for i in keep:
-        S.check_origin(origins[i], sizes[i], "size")
+        filters.check_origin(origins[i], sizes[i], "size")
     pick = lambda seq: tuple(seq[i] for i in keep)  # noqa: E731
     return {"size": pick(sizes), "origin": pick(origins),
-            "mode": tuple(S.canonical_mode(m) for m in pick(modes)), "axes": pick(axes),
-            "cval": S.check_cval(cval),
-            "output": S.output_dtype(output)}
+            "mode": tuple(filters.canonical_mode(m) for m in pick(modes)), "axes": pick(axes),
+            "cval": filters.check_cval(cval),
+            "output": filters.output_dtype(output)}
 
 
 def _size(value) -> int:
@@ -47,18 +48,19 @@ def _size(value) -> int:
     ``int()`` (3.5 is 3; sizes up to 1 filter nothing). uniform_filter1d takes integers only."""
     if isinstance(value, numbers.Real):
         return int(value)
-    raise S.FilterTypeError(f"size must be a real number: {value!r} cannot be compared with 1 "
-                            f"(scipy.ndimage.uniform_filter truncates real sizes with int())")
+    raise FilterTypeError(f"size must be a real number: {value!r} cannot be compared with 1 "
+                          f"(scipy.ndimage.uniform_filter truncates real sizes with int())")
 
 
 def halo(ndim, *, size, origin, axes, **params):
     """``size // 2 + |origin|`` along each filtered axis."""
-    return S.depth_along(ndim, {ax: S.reach(s, o) for ax, s, o in zip(axes, size, origin)})
+    return filters.depth_along(ndim,
+                               {ax: filters.reach(s, o) for ax, s, o in zip(axes, size, origin)})
 
 
 def dispatch(x, *, size, origin, mode, axes, cval, output):
     """GPU path: one correlate1d pass per filtered axis: unit weights, sum divided by the size."""
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     if not axes:
         return x.astype(out_dtype, order="K", copy=True)
     for ax, s, o, md in zip(axes, size, origin, mode):
@@ -67,7 +69,7 @@ def dispatch(x, *, size, origin, mode, axes, cval, output):
 
 
 def supports(x, *, size, output=None, **params):
-    out_dtype = S.result_dtype(x.dtype, output=output)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
     itemsize = correlate1d.accumulator(x.dtype, out_dtype).itemsize
     smem = max((correlate1d.pass_smem(s, itemsize) for s in size), default=0)
     return correlate1d.gpu_supports(x, out_dtype, smem=smem)
@@ -76,7 +78,7 @@ def supports(x, *, size, output=None, **params):
 def cases(rng):
     """Random inputs for ``chunkernels check``."""
     x = random_array(rng, (41, 37), "float64")
-    for mode in S.MODES:
+    for mode in filters.MODES:
         yield x, (), {"size": 4, "mode": mode, "cval": -1.0}
     yield random_array(rng, (30, 25, 6), "float32").transpose(1, 0, 2), (), {
         "size": (3, 6, 2), "origin": (1, -3, 0), "mode": ("wrap", "nearest", "reflect")}
@@ -94,9 +96,9 @@ SPEC = KernelSpec(
     dtypes=correlate1d.GPU_DTYPES,
     halo=halo,
     halo_rule="size // 2 + |origin| per filtered axis",
-    boundary=S.boundary,
-    stack=S.stacked_axes,
-    result_dtype=S.result_dtype,
+    boundary=filters.boundary,
+    stack=filters.stacked_axes,
+    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

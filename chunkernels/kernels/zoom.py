@@ -10,19 +10,22 @@ element, the tensor-product sum
     out[o0, o1, ...] = sum_k0 w0[o0, k0] * sum_k1 w1[o1, k1] * ... region[t0[o0, k0], t1[o1, k1], ...]
 
 so one compiled kernel per (dtypes, ndim, order) serves every block shape, position and mode:
-uneven edge blocks never recompile. The tables are built by
-:func:`chunkernels.ndimage._interpolation.axis_taps` with ``scipy.ndimage.zoom``'s rules.
+uneven edge blocks never recompile. The tables are built here (:func:`zoom_tables`, from
+:func:`axis_taps`) with ``scipy.ndimage.zoom``'s rules, by :func:`chunkernels.ndimage.zoom` and
+:func:`chunkernels.ndimage.resize`.
 CUDA source: ``kernels_cuda/zoom.cu``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
+from chunkernels._shared.interpolation import PREPADDED, check_mode
 
 #: Dims the CUDA kernel takes; blocks of more dims use the CPU reference.
 MAX_NDIM = 4
@@ -33,6 +36,189 @@ _MAX_GRID_Y = 65535
 #: Tap values that read no coefficient: the constant ``cval`` for this tap, or for the output.
 CVAL_TAP = -1
 OUTSIDE = -2
+
+
+# -- the tables: SciPy's geometry, vectorised ------------------------------------------------
+
+
+def map_coordinate(c, n: int, mode: str):
+    """SciPy's ``map_coordinate``: coordinates ``c`` (float64 array) folded into ``[0, n)``.
+
+    Coordinates inside ``[0, n - 1]`` are unchanged; outside, ``'constant'`` gives -1 (the
+    constant value) and the other modes fold them back as the C code does, truncations included.
+    """
+    c = np.array(c, dtype=np.float64)
+    lo, hi = c < 0, c > n - 1
+    if not (lo.any() or hi.any()) or mode == "grid-constant":
+        return c
+    if mode == "constant":
+        c[lo | hi] = -1.0
+        return c
+    if mode == "nearest":
+        c[lo], c[hi] = 0.0, n - 1.0
+        return c
+    if n <= 1:
+        c[lo | hi] = 0.0
+        return c
+    v, w = c[lo], c[hi]
+    if mode == "mirror":
+        p = 2 * n - 2
+        v = p * np.trunc(-v / p) + v
+        v = np.where(v <= 1 - n, v + p, -v)
+        w = w - p * np.trunc(w / p)
+        w = np.where(w >= n, p - w, w)
+    elif mode == "reflect":
+        p = 2 * n
+        v = np.where(v < -p, p * np.trunc(-v / p) + v, v)
+        # SciPy keeps -in - 1 away from -1 exactly (a point at -1 would read as "outside")
+        v = np.where(v < -n, v + p, np.where(v > -1e-15, 1e-15, -v) - 1)
+        w = w - p * np.trunc(w / p)
+        w = np.where(w >= n, p - w - 1, w)
+    elif mode == "wrap":
+        p = n - 1
+        v = v + p * (np.trunc(-v / p) + 1)
+        w = w - p * np.trunc(w / p)
+    else:  # grid-wrap
+        v = v + n * (np.trunc((-1 - v) / n) + 1)
+        w = w - n * np.trunc(w / n)
+    c[lo], c[hi] = v, w
+    return c
+
+
+def spline_weights(c, order: int):
+    """B-spline weights of the ``order + 1`` taps around coordinates ``c``: shape ``(n, K)``.
+
+    SciPy's ``get_spline_interpolation_weights``, with its arithmetic, so the weights agree to
+    the last bit.
+    """
+    c = np.asarray(c, dtype=np.float64)
+    x = c - np.floor(c if order & 1 else c + 0.5)
+    w = np.empty(c.shape + (order + 1,))
+    if order == 0:
+        w[..., 0] = 1.0
+        return w
+    y, z = x, 1.0 - x
+    if order == 1:
+        w[..., 0] = 1.0 - x
+    elif order == 2:
+        w[..., 1] = 0.75 - x * x
+        y = 0.5 - x
+        w[..., 0] = 0.5 * y * y
+    elif order == 3:
+        w[..., 1] = (y * y * (y - 2.0) * 3.0 + 4.0) / 6.0
+        w[..., 2] = (z * z * (z - 2.0) * 3.0 + 4.0) / 6.0
+        w[..., 0] = z * z * z / 6.0
+    elif order == 4:
+        t = x * x
+        w[..., 2] = t * (t * 0.25 - 0.625) + 115.0 / 192.0
+        y = 1.0 + x
+        w[..., 1] = y * (y * (y * (5.0 - y) / 6.0 - 1.25) + 5.0 / 24.0) + 55.0 / 96.0
+        w[..., 3] = z * (z * (z * (5.0 - z) / 6.0 - 1.25) + 5.0 / 24.0) + 55.0 / 96.0
+        y = 0.5 - x
+        t = y * y
+        w[..., 0] = t * t / 24.0
+    else:
+        t = y * y
+        w[..., 2] = t * (t * (0.25 - y / 12.0) - 0.5) + 0.55
+        t = z * z
+        w[..., 3] = t * (t * (0.25 - z / 12.0) - 0.5) + 0.55
+        y = y + 1.0
+        w[..., 1] = y * (y * (y * (y * (y / 24.0 - 0.375) + 1.25) - 1.75) + 0.625) + 0.425
+        z = z + 1.0
+        w[..., 4] = z * (z * (z * (z * (z / 24.0 - 0.375) + 1.25) - 1.75) + 0.625) + 0.425
+        y = 1.0 - x
+        t = y * y
+        w[..., 0] = y * t * t / 120.0
+    # the weights add to 1: SciPy computes the last one from the others, in this order
+    last = np.ones(c.shape)
+    for i in range(order):
+        last = last - w[..., i]
+    w[..., order] = last
+    return w
+
+
+def axis_taps(positions, n_in: int, scale: float, *, order: int, mode: str, grid_mode: bool,
+              npad: int = 0):
+    """Taps and weights of output ``positions`` along one axis (SciPy's ``NI_ZoomShift``).
+
+    Parameters
+    ----------
+    positions
+        Output indices along the axis (any subset: one block's).
+    n_in
+        Length of the array read along the axis (the spline coefficients, prepadding included).
+    scale
+        Input distance per output step: ``(in - 1) / (out - 1)``, or ``in / out`` in grid mode.
+    order, mode, grid_mode
+        As ``scipy.ndimage.zoom`` takes them (``mode`` already checked).
+    npad
+        Samples prepadded before the axis's first input sample.
+
+    Returns
+    -------
+    taps : numpy.ndarray of int64, shape (n, order + 1)
+        Positions read along the axis, folded into ``[0, n_in)`` by the mode; -1 where the
+        constant ``cval`` is read instead (``'grid-constant'`` taps outside); -2 on every tap
+        of an output that is ``cval`` outright (outside the input under ``'constant'``).
+    weights : numpy.ndarray of float64, shape (n, order + 1)
+    """
+    cc = np.asarray(positions, dtype=np.float64)
+    cc = (cc + 0.5) * scale - 0.5 if grid_mode else cc * scale
+    cc = cc + npad
+    if mode not in PREPADDED:
+        cc = map_coordinate(cc, n_in, mode)
+    outside = ~(cc > -1.0) if mode not in PREPADDED else np.zeros(cc.shape, bool)
+    start = np.floor(cc if order & 1 else cc + 0.5).astype(np.int64) - order // 2
+    taps = start[:, None] + np.arange(order + 1)
+    if mode == "grid-constant":
+        taps[(taps < 0) | (taps >= n_in)] = CVAL_TAP
+    else:
+        # SciPy folds the taps of the spline's support with the prefilter's boundary condition
+        spline_mode = "mirror" if mode in ("constant", "wrap") else mode
+        edge = (start < 0) | (start + order >= n_in)
+        if edge.any():
+            taps[edge] = map_coordinate(taps[edge], n_in, spline_mode).astype(np.int64)
+    weights = spline_weights(cc, order)
+    if outside.any():  # SciPy stores cval for these, whatever the other axes say
+        taps[outside] = OUTSIDE
+        weights[outside] = 0.0
+    return taps, weights
+
+
+def zoom_scales(in_shape, out_shape, grid_mode: bool) -> tuple[float, ...]:
+    """Input distance per output step along each axis; 1 where the output has no step."""
+    scales = []
+    for n_in, n_out in zip(in_shape, out_shape):
+        num, den = (n_in, n_out) if grid_mode else (n_in - 1, n_out - 1)
+        scales.append(num / den if den != 0 else 1.0)
+    return tuple(scales)
+
+
+def zoom_tables(in_shape, out_shape, *, order=3, mode="constant", grid_mode=False, npad=0):
+    """Per-axis taps and weights of a whole zoom from ``in_shape`` to ``out_shape``.
+
+    ``npad`` is the prepadding on each side of every axis: the taps then index an array of
+    ``in_shape + 2 * npad``. The tables are computed once per set of arguments (a zoom repeated
+    on volumes of one shape, a training loop's resize, costs no host work here) and are
+    read-only.
+    """
+    return _zoom_tables(tuple(int(n) for n in in_shape), tuple(int(n) for n in out_shape),
+                        int(order), check_mode(mode), bool(grid_mode), int(npad))
+
+
+@functools.lru_cache(maxsize=256)
+def _zoom_tables(in_shape, out_shape, order, mode, grid_mode, npad):
+    taps, weights = [], []
+    for n_in, n_out, scale in zip(in_shape, out_shape, zoom_scales(in_shape, out_shape, grid_mode)):
+        t, w = axis_taps(np.arange(n_out), n_in + 2 * npad, scale, order=order, mode=mode,
+                         grid_mode=grid_mode, npad=npad)
+        t.flags.writeable = w.flags.writeable = False
+        taps.append(t)
+        weights.append(w)
+    return tuple(taps), tuple(weights)
+
+
+# -- one block: the CPU reference and the GPU path ----------------------------------------------
 
 
 def reference(region, *, taps, weights, cval=0.0, dtype=None, chunks=None):
@@ -339,8 +525,6 @@ def _supports(region, *, taps, weights, cval=0.0, dtype=None, chunks=None):
 
 def _cases(rng):
     """Random regions and tables for ``chunkernels check``: zooms of every order and mode."""
-    from chunkernels.ndimage._interpolation import zoom_tables
-
     for dtype, order, mode in (("float32", 3, "mirror"), ("float64", 1, "constant"),
                                ("float64", 5, "grid-wrap"), ("int16", 0, "nearest"),
                                ("uint8", 1, "reflect"), ("float32", 2, "grid-constant")):

@@ -21,11 +21,11 @@ from chunkernels.ndimage._filters import prewitt as prewitt
 from chunkernels.ndimage._filters import sobel as sobel
 from chunkernels.ndimage._filters import uniform_filter as uniform_filter
 from chunkernels.ndimage._filters import uniform_filter1d as uniform_filter1d
-from chunkernels.ndimage._support import FilterArgumentError as FilterArgumentError
-from chunkernels.ndimage._support import FilterAxisError as FilterAxisError
-from chunkernels.ndimage._support import FilterTypeError as FilterTypeError
-from chunkernels.ndimage._support import FilterZeroDivisionError as FilterZeroDivisionError
-from chunkernels.ndimage._interpolation import InterpolationError as InterpolationError
+from chunkernels._shared.filters import FilterArgumentError as FilterArgumentError
+from chunkernels._shared.filters import FilterAxisError as FilterAxisError
+from chunkernels._shared.filters import FilterTypeError as FilterTypeError
+from chunkernels._shared.filters import FilterZeroDivisionError as FilterZeroDivisionError
+from chunkernels._shared.interpolation import InterpolationError as InterpolationError
 from chunkernels.ndimage._interpolation import resize as resize
 from chunkernels.ndimage._interpolation import spline_filter as spline_filter
 from chunkernels.ndimage._interpolation import spline_filter1d as spline_filter1d

@@ -16,8 +16,10 @@ import numpy as np
 from chunkernels import cuda
 from chunkernels._apply import apply
 from chunkernels._graph import is_dask
+from chunkernels._shared import filters
+from chunkernels._shared.filters import (FilterArgumentError, FilterTypeError,
+                                         FilterZeroDivisionError)
 from chunkernels.interop import accepts_tensors
-from chunkernels.ndimage import _support as S
 
 
 @accepts_tensors("input", "output")
@@ -150,25 +152,25 @@ def gaussian_filter1d(input, sigma, axis=-1, order=0, output=None, mode="reflect
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The filtered array, with the input's shape and type.
     """
-    axis = S.check_axis(axis, np.ndim(input))
-    sigma = S.real_number(sigma, "sigma")
+    axis = filters.check_axis(axis, np.ndim(input))
+    sigma = filters.real_number(sigma, "sigma")
     # gaussian_filter skips axes with sigma <= 1e-15; scipy's gaussian_filter1d builds the kernel
     # whatever sigma is, so a sigma that gives no kernel is an error here, as it is there
     if sigma == 0:
-        raise S.FilterZeroDivisionError("sigma must be positive for gaussian_filter1d: sigma=0 "
-                                        "gives no Gaussian kernel (gaussian_filter skips such "
-                                        "axes)")
-    if radius is None and int(S.real_number(truncate, "truncate") * sigma + 0.5) < 0:
-        raise S.FilterArgumentError(
+        raise FilterZeroDivisionError("sigma must be positive for gaussian_filter1d: sigma=0 "
+                                      "gives no Gaussian kernel (gaussian_filter skips such "
+                                      "axes)")
+    if radius is None and int(filters.real_number(truncate, "truncate") * sigma + 0.5) < 0:
+        raise FilterArgumentError(
             f"Radius must be a nonnegative integer: sigma={sigma} and truncate={truncate} give a "
             f"radius of {int(truncate * sigma + 0.5)}; give a positive sigma")
     if radius is not None and (not isinstance(radius, numbers.Integral) or radius < 0):
-        raise S.FilterArgumentError(f"Radius must be a nonnegative integer: radius={radius!r}; "
-                                    f"gaussian_filter1d takes one radius, an int >= 0")
+        raise FilterArgumentError(f"Radius must be a nonnegative integer: radius={radius!r}; "
+                                  f"gaussian_filter1d takes one radius, an int >= 0")
     # scipy's gaussian_filter1d is a correlate1d, which makes a real output dtype complex for
     # complex data (gaussian_filter refuses it)
     return _filter("gaussian_filter", input, output, promotes=True, sigma=sigma, order=order,
-                   mode=S.canonical_mode(mode), cval=cval, truncate=truncate, radius=radius,
+                   mode=filters.canonical_mode(mode), cval=cval, truncate=truncate, radius=radius,
                    axes=(axis,))
 
 
@@ -235,12 +237,12 @@ def uniform_filter1d(input, size, axis=-1, output=None, mode="reflect", cval=0.0
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The filtered array, with the input's shape and type.
     """
-    axis = S.check_axis(axis, np.ndim(input))
-    size = S.as_int(size, "size")
+    axis = filters.check_axis(axis, np.ndim(input))
+    size = filters.as_int(size, "size")
     if size < 1:
-        raise S.FilterArgumentError(f"incorrect filter size: size={size!r}; it must be at least 1")
-    return _filter("uniform_filter", input, output, size=size, mode=S.canonical_mode(mode),
-                   cval=cval, origin=S.check_origin(origin, size, "size"), axes=(axis,))
+        raise FilterArgumentError(f"incorrect filter size: size={size!r}; it must be at least 1")
+    return _filter("uniform_filter", input, output, size=size, mode=filters.canonical_mode(mode),
+                   cval=cval, origin=filters.check_origin(origin, size, "size"), axes=(axis,))
 
 
 @accepts_tensors("input", "output")
@@ -435,20 +437,20 @@ def _filter(kernel, input, output, *, promotes=None, **params):
     scipy's function of that name does it, :data:`_PROMOTING`).
     """
     x = as_input(input)
-    S.check_dtype(x.dtype)
-    if is_dask(x) and S.is_array(output):
+    filters.check_dtype(x.dtype)
+    if is_dask(x) and filters.is_array(output):
         raise TypeError(f"output= cannot be an array for a Dask input (the result is lazy); "
                         f"pass a dtype, e.g. output={output.dtype.name!r}")
     weights = params.get("weights")
     complex_weights = weights is not None and _dtype_of(weights).kind == "c"
     cval = params.get("cval", 0.0)
     if np.iscomplexobj(cval) and x.dtype.kind != "c":
-        raise S.FilterTypeError(f"Cannot provide a complex-valued cval when the input is real: "
-                                f"cval={cval!r} for an input of dtype {x.dtype}; give a real "
-                                f"cval, or a complex input")
-    dtype, target = S.resolve_output(output, x, complex_weights=complex_weights,
-                                     promotes=kernel in _PROMOTING if promotes is None else
-                                     promotes)
+        raise FilterTypeError(f"Cannot provide a complex-valued cval when the input is real: "
+                              f"cval={cval!r} for an input of dtype {x.dtype}; give a real "
+                              f"cval, or a complex input")
+    dtype, target = filters.resolve_output(output, x, complex_weights=complex_weights,
+                                           promotes=kernel in _PROMOTING if promotes is None else
+                                           promotes)
     if target is not None and cuda.is_cupy_array(target) != cuda.is_cupy_array(x):
         raise TypeError(f"output is a {type(target).__module__} array and the input a "
                         f"{type(x).__module__} one; give an output on the input's device")

@@ -1,15 +1,15 @@
 """Spline interpolation with ``scipy.ndimage``'s semantics: zoom, resize and the spline prefilter.
 
-The work splits in two kernels (:mod:`chunkernels.kernels.spline_filter` and
-:mod:`chunkernels.kernels.zoom`). This module holds what they share with SciPy's C code: edge
-modes, how an output index maps to an input coordinate, which input positions it reads and
-with which B-spline weights (SciPy's ``NI_ZoomShift``, ``map_coordinate`` and
-``get_spline_interpolation_weights``, vectorised over an axis).
+The work splits in two kernels: :mod:`chunkernels.kernels.spline_filter` computes the B-spline
+coefficients, :mod:`chunkernels.kernels.zoom` resamples them through per-axis tables of the
+positions each output reads and their weights (SciPy's ``NI_ZoomShift``, vectorised:
+:func:`chunkernels.kernels.zoom.zoom_tables`). The argument rules the kernels share with these
+functions are in :mod:`chunkernels._shared.interpolation`. This module checks the arguments,
+prefilters, plans the tables and runs the two kernels on NumPy, CuPy and Dask arrays.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import warnings
@@ -20,46 +20,12 @@ from numpy.lib.array_utils import normalize_axis_index
 from chunkernels import cuda
 from chunkernels._apply import apply
 from chunkernels._graph import is_dask
+from chunkernels._shared.filters import check_dtype, check_writable
+from chunkernels._shared.interpolation import (PREPAD, PREPADDED, InterpolationError, check_mode,
+                                               check_order)
 from chunkernels.interop import accepts_tensors
-
-#: Edge modes, as scipy.ndimage spells them.
-MODES = ("constant", "grid-constant", "nearest", "reflect", "grid-mirror", "mirror", "wrap",
-         "grid-wrap")
-#: Synonyms scipy.ndimage accepts.
-_SYNONYMS = {"grid-mirror": "reflect"}
-#: Spline orders scipy.ndimage interpolates with.
-ORDERS = range(6)
-#: Samples SciPy pads on every side before prefiltering for these modes, whose exact spline
-#: boundary conditions it does not implement (``_prepad_for_spline_filter``).
-PREPAD = 12
-_PREPADDED = ("nearest", "grid-constant")
-
-
-class InterpolationError(ValueError, RuntimeError):
-    """An argument ``scipy.ndimage`` refuses: spline order, edge mode, zoom sequence length.
-
-    A ``ValueError`` by chunkernels' rules and a ``RuntimeError`` as SciPy raises for these, so
-    code written against either catches it.
-    """
-
-
-# -- argument checks ------------------------------------------------------------------------
-
-
-def check_order(order, *, low=0) -> int:
-    """``order`` as an int in ``low..5``, or :class:`InterpolationError`."""
-    if isinstance(order, bool) or not isinstance(order, numbers.Integral) or not low <= order <= 5:
-        raise InterpolationError(f"spline order not supported: order={order!r}; scipy.ndimage "
-                                 f"interpolates with integer orders {low}..5")
-    return int(order)
-
-
-def check_mode(mode) -> str:
-    """``mode`` normalised (``'grid-mirror'`` is ``'reflect'``), or :class:`InterpolationError`."""
-    if mode not in MODES:
-        raise InterpolationError(f"boundary mode not supported: mode={mode!r}; expected one of "
-                                 f"{', '.join(MODES)}")
-    return _SYNONYMS.get(mode, mode)
+from chunkernels.kernels.spline_filter import depth
+from chunkernels.kernels.zoom import default_chunks, zoom_tables
 
 
 def _sequence(value, ndim, what) -> tuple:
@@ -70,186 +36,6 @@ def _sequence(value, ndim, what) -> tuple:
         raise InterpolationError(f"sequence argument must have length equal to input rank: "
                                  f"{what} has {len(value)} values for an input of {ndim} dims")
     return value
-
-
-# -- SciPy's geometry, vectorised -------------------------------------------------------------
-
-
-def map_coordinate(c, n: int, mode: str):
-    """SciPy's ``map_coordinate``: coordinates ``c`` (float64 array) folded into ``[0, n)``.
-
-    Coordinates inside ``[0, n - 1]`` are unchanged; outside, ``'constant'`` gives -1 (the
-    constant value) and the other modes fold them back as the C code does, truncations included.
-    """
-    c = np.array(c, dtype=np.float64)
-    lo, hi = c < 0, c > n - 1
-    if not (lo.any() or hi.any()) or mode == "grid-constant":
-        return c
-    if mode == "constant":
-        c[lo | hi] = -1.0
-        return c
-    if mode == "nearest":
-        c[lo], c[hi] = 0.0, n - 1.0
-        return c
-    if n <= 1:
-        c[lo | hi] = 0.0
-        return c
-    v, w = c[lo], c[hi]
-    if mode == "mirror":
-        p = 2 * n - 2
-        v = p * np.trunc(-v / p) + v
-        v = np.where(v <= 1 - n, v + p, -v)
-        w = w - p * np.trunc(w / p)
-        w = np.where(w >= n, p - w, w)
-    elif mode == "reflect":
-        p = 2 * n
-        v = np.where(v < -p, p * np.trunc(-v / p) + v, v)
-        # SciPy keeps -in - 1 away from -1 exactly (a point at -1 would read as "outside")
-        v = np.where(v < -n, v + p, np.where(v > -1e-15, 1e-15, -v) - 1)
-        w = w - p * np.trunc(w / p)
-        w = np.where(w >= n, p - w - 1, w)
-    elif mode == "wrap":
-        p = n - 1
-        v = v + p * (np.trunc(-v / p) + 1)
-        w = w - p * np.trunc(w / p)
-    else:  # grid-wrap
-        v = v + n * (np.trunc((-1 - v) / n) + 1)
-        w = w - n * np.trunc(w / n)
-    c[lo], c[hi] = v, w
-    return c
-
-
-def spline_weights(c, order: int):
-    """B-spline weights of the ``order + 1`` taps around coordinates ``c``: shape ``(n, K)``.
-
-    SciPy's ``get_spline_interpolation_weights``, with its arithmetic, so the weights agree to
-    the last bit.
-    """
-    c = np.asarray(c, dtype=np.float64)
-    x = c - np.floor(c if order & 1 else c + 0.5)
-    w = np.empty(c.shape + (order + 1,))
-    if order == 0:
-        w[..., 0] = 1.0
-        return w
-    y, z = x, 1.0 - x
-    if order == 1:
-        w[..., 0] = 1.0 - x
-    elif order == 2:
-        w[..., 1] = 0.75 - x * x
-        y = 0.5 - x
-        w[..., 0] = 0.5 * y * y
-    elif order == 3:
-        w[..., 1] = (y * y * (y - 2.0) * 3.0 + 4.0) / 6.0
-        w[..., 2] = (z * z * (z - 2.0) * 3.0 + 4.0) / 6.0
-        w[..., 0] = z * z * z / 6.0
-    elif order == 4:
-        t = x * x
-        w[..., 2] = t * (t * 0.25 - 0.625) + 115.0 / 192.0
-        y = 1.0 + x
-        w[..., 1] = y * (y * (y * (5.0 - y) / 6.0 - 1.25) + 5.0 / 24.0) + 55.0 / 96.0
-        w[..., 3] = z * (z * (z * (5.0 - z) / 6.0 - 1.25) + 5.0 / 24.0) + 55.0 / 96.0
-        y = 0.5 - x
-        t = y * y
-        w[..., 0] = t * t / 24.0
-    else:
-        t = y * y
-        w[..., 2] = t * (t * (0.25 - y / 12.0) - 0.5) + 0.55
-        t = z * z
-        w[..., 3] = t * (t * (0.25 - z / 12.0) - 0.5) + 0.55
-        y = y + 1.0
-        w[..., 1] = y * (y * (y * (y * (y / 24.0 - 0.375) + 1.25) - 1.75) + 0.625) + 0.425
-        z = z + 1.0
-        w[..., 4] = z * (z * (z * (z * (z / 24.0 - 0.375) + 1.25) - 1.75) + 0.625) + 0.425
-        y = 1.0 - x
-        t = y * y
-        w[..., 0] = y * t * t / 120.0
-    # the weights add to 1: SciPy computes the last one from the others, in this order
-    last = np.ones(c.shape)
-    for i in range(order):
-        last = last - w[..., i]
-    w[..., order] = last
-    return w
-
-
-def axis_taps(positions, n_in: int, scale: float, *, order: int, mode: str, grid_mode: bool,
-              npad: int = 0):
-    """Taps and weights of output ``positions`` along one axis (SciPy's ``NI_ZoomShift``).
-
-    Parameters
-    ----------
-    positions
-        Output indices along the axis (any subset: one block's).
-    n_in
-        Length of the array read along the axis (the spline coefficients, prepadding included).
-    scale
-        Input distance per output step: ``(in - 1) / (out - 1)``, or ``in / out`` in grid mode.
-    order, mode, grid_mode
-        As ``scipy.ndimage.zoom`` takes them (``mode`` already checked).
-    npad
-        Samples prepadded before the axis's first input sample.
-
-    Returns
-    -------
-    taps : numpy.ndarray of int64, shape (n, order + 1)
-        Positions read along the axis, folded into ``[0, n_in)`` by the mode; -1 where the
-        constant ``cval`` is read instead (``'grid-constant'`` taps outside); -2 on every tap
-        of an output that is ``cval`` outright (outside the input under ``'constant'``).
-    weights : numpy.ndarray of float64, shape (n, order + 1)
-    """
-    cc = np.asarray(positions, dtype=np.float64)
-    cc = (cc + 0.5) * scale - 0.5 if grid_mode else cc * scale
-    cc = cc + npad
-    if mode not in _PREPADDED:
-        cc = map_coordinate(cc, n_in, mode)
-    outside = ~(cc > -1.0) if mode not in _PREPADDED else np.zeros(cc.shape, bool)
-    start = np.floor(cc if order & 1 else cc + 0.5).astype(np.int64) - order // 2
-    taps = start[:, None] + np.arange(order + 1)
-    if mode == "grid-constant":
-        taps[(taps < 0) | (taps >= n_in)] = -1
-    else:
-        # SciPy folds the taps of the spline's support with the prefilter's boundary condition
-        spline_mode = "mirror" if mode in ("constant", "wrap") else mode
-        edge = (start < 0) | (start + order >= n_in)
-        if edge.any():
-            taps[edge] = map_coordinate(taps[edge], n_in, spline_mode).astype(np.int64)
-    weights = spline_weights(cc, order)
-    if outside.any():  # SciPy stores cval for these, whatever the other axes say
-        taps[outside] = -2
-        weights[outside] = 0.0
-    return taps, weights
-
-
-def zoom_scales(in_shape, out_shape, grid_mode: bool) -> tuple[float, ...]:
-    """Input distance per output step along each axis; 1 where the output has no step."""
-    scales = []
-    for n_in, n_out in zip(in_shape, out_shape):
-        num, den = (n_in, n_out) if grid_mode else (n_in - 1, n_out - 1)
-        scales.append(num / den if den != 0 else 1.0)
-    return tuple(scales)
-
-
-def zoom_tables(in_shape, out_shape, *, order=3, mode="constant", grid_mode=False, npad=0):
-    """Per-axis taps and weights of a whole zoom from ``in_shape`` to ``out_shape``.
-
-    ``npad`` is the prepadding on each side of every axis: the taps then index an array of
-    ``in_shape + 2 * npad``. The tables are computed once per set of arguments (a zoom repeated
-    on volumes of one shape, a training loop's resize, costs no host work here) and are
-    read-only.
-    """
-    return _zoom_tables(tuple(int(n) for n in in_shape), tuple(int(n) for n in out_shape),
-                        int(order), check_mode(mode), bool(grid_mode), int(npad))
-
-
-@functools.lru_cache(maxsize=256)
-def _zoom_tables(in_shape, out_shape, order, mode, grid_mode, npad):
-    taps, weights = [], []
-    for n_in, n_out, scale in zip(in_shape, out_shape, zoom_scales(in_shape, out_shape, grid_mode)):
-        t, w = axis_taps(np.arange(n_out), n_in + 2 * npad, scale, order=order, mode=mode,
-                         grid_mode=grid_mode, npad=npad)
-        t.flags.writeable = w.flags.writeable = False
-        taps.append(t)
-        weights.append(w)
-    return tuple(taps), tuple(weights)
 
 
 # -- public functions ---------------------------------------------------------------------------
@@ -263,8 +49,6 @@ def _as_array(a):
 def _check_dtype(dtype, what):
     """``dtype`` if SciPy's interpolation reads and writes it (not float16, nor long double), or
     :class:`InterpolationError`, as SciPy's C code raises for those."""
-    from chunkernels.ndimage._support import check_dtype
-
     return check_dtype(dtype, what, error=InterpolationError,
                        takes="scipy.ndimage interpolates")
 
@@ -281,8 +65,6 @@ def _output(output, x, shape):
         if is_dask(x) or is_dask(output):
             raise TypeError("output arrays are not supported for Dask arrays: pass a dtype "
                             "(output=numpy.float32) and store the lazy result where you want it")
-        from chunkernels.ndimage._support import check_writable
-
         check_writable(output, InterpolationError)
         if tuple(output.shape) != tuple(shape):
             raise InterpolationError(f"output shape not correct: output has shape {output.shape}; "
@@ -330,7 +112,7 @@ def _prepad(x, mode, cval):
     side, for the modes whose exact spline extension SciPy does not implement. A Dask array keeps
     its chunks, the padding added to the edge chunks by the edge blocks' own tasks (``da.pad``
     would cut the padding into chunks the size of the input's)."""
-    if mode not in _PREPADDED:
+    if mode not in PREPADDED:
         return x, 0
     kwargs = {"mode": "edge"} if mode == "nearest" else {"mode": "constant", "constant_values": cval}
     if not is_dask(x):
@@ -361,8 +143,6 @@ def _coefficients(x, order, mode, dtype, axes=None):
     if is_dask(x) and x.size == 0:  # nothing to filter; Dask's rechunk would drop CuPy's meta
         return x.astype(dtype)
     if is_dask(x):
-        from chunkernels.kernels.spline_filter import depth
-
         d = depth(order, dtype)
         merged = {a: _merge_chunks(x.chunks[a], d)
                   for a in (range(x.ndim) if axes is None else axes)
@@ -433,8 +213,6 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
                                 grid_mode=grid_mode, npad=npad)
     chunks = None
     if is_dask(x):
-        from chunkernels.kernels.zoom import default_chunks
-
         chunks = default_chunks(taps, _padded_chunks(x.chunks, npad))
     result = apply(coefficients, "zoom", taps=taps, weights=weights, cval=cval, dtype=dtype,
                    chunks=chunks)

@@ -13,11 +13,11 @@ import scipy.ndimage as ndi
 
 from chunkernels import cuda
 from chunkernels._graph import is_dask
+from chunkernels._shared.filters import check_writable
 from chunkernels.interop import accepts_tensors
 from chunkernels.kernels import label as K
 from chunkernels.ndimage import _wrap as W
 from chunkernels.ndimage._filters import as_input
-from chunkernels.ndimage._support import check_writable
 
 
 @accepts_tensors("input", "structure", "output")

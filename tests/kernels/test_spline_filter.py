@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from chunkernels import ndimage
-from chunkernels.kernels import spline_filter as kernel
-from chunkernels.ndimage._interpolation import InterpolationError
+from chunkernels.kernels import spline_filter as spline_filter_kernel
+from chunkernels.ndimage import InterpolationError
 from chunkernels.testing import assert_close
 
 MODES = ("mirror", "reflect", "grid-mirror", "nearest", "wrap", "grid-wrap", "constant",
@@ -169,7 +169,7 @@ def test_impulse_response_closed_form(order):
     delta[n // 2] = 1.0
     h = ndi.spline_filter1d(delta, order, mode="mirror")
     k = np.abs(np.arange(n) - n // 2)
-    model = sum(c * z**k for c, z in kernel.impulse_response(order))
+    model = sum(c * z**k for c, z in spline_filter_kernel.impulse_response(order))
     np.testing.assert_allclose(model, h, rtol=0, atol=1e-13)
     if order == 3:
         np.testing.assert_allclose(model, np.sqrt(3) * (np.sqrt(3) - 2.0) ** k, atol=1e-15)
@@ -183,10 +183,10 @@ def test_halo_is_the_smallest_past_which_the_tail_is_below_eps(order, dtype):
     delta[n // 2] = 1.0
     h = np.abs(ndi.spline_filter1d(delta, order, mode="mirror"))
     eps = np.finfo(dtype).eps
-    d = kernel.depth(order, dtype)
+    d = spline_filter_kernel.depth(order, dtype)
     assert 2 * h[n // 2 + d + 1:].sum() <= eps < 2 * h[n // 2 + d:].sum()
-    assert kernel.SPEC.depth(2, {"order": order, "axes": (1,), "mode": "mirror",
-                                 "dtype": np.dtype(dtype)}) == (0, d)
+    assert spline_filter_kernel.SPEC.depth(2, {"order": order, "axes": (1,), "mode": "mirror",
+                                               "dtype": np.dtype(dtype)}) == (0, d)
     assert {(3, "float32"): 13, (3, "float64"): 28}.get((order, dtype), d) == d
 
 
@@ -197,7 +197,7 @@ def test_chunks_with_the_halo_are_within_eps_of_the_whole_axis(order):
     (a few eps of the coefficients, which the filter makes up to 7.5 times larger at this
     frequency); a halo one pole-decay short would not."""
     x = np.where(np.arange(400) % 2, 1.0, -1.0) * (0.5 + np.random.default_rng(9).random(400))
-    d = kernel.depth(order)
+    d = spline_filter_kernel.depth(order)
     expected = ndi.spline_filter1d(x, order)
     got = ndimage.spline_filter1d(da.from_array(x, chunks=d), order).compute()
     assert np.abs(got - expected).max() <= 8 * np.finfo(float).eps * np.abs(expected).max()

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from chunkernels import ndimage
 from chunkernels.kernels import zoom as zoom_kernel
-from chunkernels.ndimage._interpolation import InterpolationError
+from chunkernels.ndimage import InterpolationError
 from chunkernels.testing import assert_close
 
 #: Every edge mode scipy.ndimage.zoom takes.

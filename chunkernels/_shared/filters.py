@@ -1,4 +1,5 @@
-"""Parameter handling shared by the filter kernels: scipy.ndimage's rules, checked once, up front.
+"""Filter arguments by scipy.ndimage's rules, checked once, up front: for the filter kernels and
+the front ends that run them (:mod:`chunkernels.ndimage`, :mod:`chunkernels.signal`).
 
 Every filter kernel's ``validate`` turns the user's arguments into plain, normalised values
 (tuples of per-axis modes, sizes and origins, an output dtype) with scipy.ndimage's semantics,
@@ -16,7 +17,6 @@ from collections.abc import Iterable
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels._halo import WHOLE_AXIS  # noqa: F401 - the filters' specs use it from here
 
 #: scipy.ndimage's filter boundary modes, in the order of their codes in
 #: ``kernels_cuda/boundary.cuh`` (MODE_REFLECT = 0, ...).
