@@ -199,7 +199,7 @@ def test_current_client_is_none_without_a_client_and_imports_nothing():
     import subprocess
     import sys
 
-    code = ("import sys, chunkernels.cluster as c; assert c.current() is None; "
+    code = ("import sys; from chunkernels import cluster; assert cluster.current() is None; "
             "assert 'distributed' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
     with cluster.client(gpus=0, **QUIET) as c:

@@ -546,8 +546,8 @@ def test_the_environment_variable_sets_the_policy(value, setting):
     """CHUNKERNELS_LAUNCH_HOLDS_GIL reaches every process that imports chunkernels (Dask's
     worker processes too): checked in a fresh interpreter, which decides without importing
     distributed."""
-    code = ("import sys, chunkernels.cuda as c; print(repr(c.LAUNCH_HOLDS_GIL)); "
-            "c.launch_holds_gil(); print('distributed' in sys.modules)")
+    code = ("import sys; from chunkernels import cuda; print(repr(cuda.LAUNCH_HOLDS_GIL)); "
+            "cuda.launch_holds_gil(); print('distributed' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "CHUNKERNELS_LAUNCH_HOLDS_GIL"}
     if value is not None:
         env["CHUNKERNELS_LAUNCH_HOLDS_GIL"] = value

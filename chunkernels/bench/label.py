@@ -40,7 +40,7 @@ def run(args) -> dict:
     import scipy.ndimage as ndi
 
     from chunkernels import ndimage
-    from chunkernels.kernels import label as K
+    from chunkernels.kernels import label as label_kernel
 
     cp = cuda.cupy()
     info = device_info()
@@ -112,15 +112,15 @@ def run(args) -> dict:
         rows.append({"impl": f"(Dask alone, {name}: the same graph, every task a no-op)",
                      "wall_s": wall_median(dask_alone(labels, n, **kw), args.repeat)})
     del labels, n
-    structure = K.check_structure(None, 2)
+    structure = label_kernel.check_structure(None, 2)
     blocks = [dx.blocks[index].compute() for index in np.ndindex(*dx.numblocks)]
-    plan = K._MergePlan(dx.shape, dx.chunks, structure, np.dtype(np.int32))
-    local = K._LocalLabels(structure, False)
+    plan = label_kernel._MergePlan(dx.shape, dx.chunks, structure, np.dtype(np.int32))
+    local = label_kernel._LocalLabels(structure, False)
 
     def tasks_alone():
-        labelled = K._label_blocks(plan, local, plan.dtype, blocks)
-        picked = [K._pick(labelled, b) for b in range(len(blocks))]
-        return picked, K._count_labelled(labelled, picked)
+        labelled = label_kernel._label_blocks(plan, local, plan.dtype, blocks)
+        picked = [label_kernel._pick(labelled, b) for b in range(len(blocks))]
+        return picked, label_kernel._count_labelled(labelled, picked)
 
     tasks_labels, tasks_n = tasks_alone()
     same(cp.concatenate([cp.concatenate(tasks_labels[i:i + dx.numblocks[1]], axis=1)
@@ -134,12 +134,12 @@ def run(args) -> dict:
     # the merge of that run on its own, from the summaries as the merge task receives them: on
     # the device (where the graph merges them), and copied to the host (the path of NumPy
     # chunks and of blocks spread over several devices)
-    summaries = [K._local_device(b, structure)[1] for b in blocks]
+    summaries = [label_kernel._local_device(b, structure)[1] for b in blocks]
     rows.append({"impl": f"(of which: the merge of the {len(blocks)} summaries, on the device)",
-                 "wall_s": wall_median(lambda: (K.merge_device(plan, summaries), sync()),
+                 "wall_s": wall_median(lambda: (label_kernel.merge_device(plan, summaries), sync()),
                                        args.repeat)})
     rows.append({"impl": "(the same merge on the host, summaries copied there)",
-                 "wall_s": wall_median(lambda: K.merge(plan, summaries), args.repeat)})
+                 "wall_s": wall_median(lambda: label_kernel.merge(plan, summaries), args.repeat)})
     del blocks, dx
 
     try:

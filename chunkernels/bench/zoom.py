@@ -96,13 +96,13 @@ def _dask_image_zoom(dx, out_shape, order, output_chunks):
 def _nested(x, order):
     """chunkernels' zoom with the nested kernel (one K^N-term sum per output) for float32 too."""
     from chunkernels import ndimage
-    from chunkernels.kernels import zoom as kernel
+    from chunkernels.kernels import zoom as zoom_kernel
 
-    kernel.SEPARABLE = False
+    zoom_kernel.SEPARABLE = False
     try:
         return ndimage.zoom(x, FACTOR, order=order)
     finally:
-        kernel.SEPARABLE = True
+        zoom_kernel.SEPARABLE = True
 
 
 def run(args) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from chunkernels._registry import KernelSpec
-from chunkernels.kernels import mean_squared_error as mse
+from chunkernels.kernels import mean_squared_error
 
 NORMALIZATIONS = ("euclidean", "min-max", "mean")
 
@@ -19,7 +19,7 @@ NORMALIZATIONS = ("euclidean", "min-max", "mean")
 def reference(image_true: np.ndarray, image_test: np.ndarray, *,
               normalization: str = "euclidean") -> np.float64:
     """CPU reference: scikit-image's normalized root mean squared error."""
-    t = mse.float_type(image_true.dtype, image_test.dtype)
+    t = mean_squared_error.float_type(image_true.dtype, image_test.dtype)
     true = np.asarray(image_true, dtype=t)
     normalization = normalization.lower()
     if normalization == "euclidean":
@@ -28,7 +28,7 @@ def reference(image_true: np.ndarray, image_test: np.ndarray, *,
         denom = true.max() - true.min()
     else:
         denom = true.mean()
-    return np.sqrt(mse.reference(image_true, image_test)) / denom
+    return np.sqrt(mean_squared_error.reference(image_true, image_test)) / denom
 
 
 def finalize(stats, dtypes, *, normalization="euclidean"):
@@ -38,8 +38,8 @@ def finalize(stats, dtypes, *, normalization="euclidean"):
     sum; scikit-image sums float32 images in float32, so float32 results agree to float32
     precision, not closer.
     """
-    sum_sq, sum_a2, sum_a, lo, hi, count = mse.combine(stats)
-    t = mse.float_type(*dtypes)
+    sum_sq, sum_a2, sum_a, lo, hi, count = mean_squared_error.combine(stats)
+    t = mean_squared_error.float_type(*dtypes)
     if normalization == "euclidean":
         denom = (sum_a2 / count) ** 0.5
     elif normalization == "min-max":
@@ -59,7 +59,7 @@ def validate(ndim, *, normalization="euclidean"):
 
 
 def cases(rng):
-    for i, (x, ops, _) in enumerate(mse.cases(rng)):
+    for i, (x, ops, _) in enumerate(mean_squared_error.cases(rng)):
         yield x, ops, {"normalization": NORMALIZATIONS[i % 3]}
 
 
@@ -67,17 +67,17 @@ SPEC = KernelSpec(
     name="normalized_root_mse",
     summary="RMSE over a normalisation of the true image; reference skimage.metrics.normalized_root_mse",
     cpu=reference,
-    gpu=mse.dispatch,
+    gpu=mean_squared_error.dispatch,
     kind="reduction",
     source="mean_squared_error.cu",
     entries=("squared_error_stats<float, float, float, int, 2>",),
-    dtypes=mse.GPU_DTYPES,
+    dtypes=mean_squared_error.GPU_DTYPES,
     operands=("image_test",),
     alignment="same",
     result_dtype=lambda *dtypes, **params: np.dtype(np.float64),
-    supports=mse.supports,
+    supports=mean_squared_error.supports,
     validate=validate,
-    partial=mse.partial,
+    partial=mean_squared_error.partial,
     finalize=finalize,
     cases=cases,
     rtol=1e-6,

@@ -15,8 +15,8 @@ from chunkernels import cuda
 from chunkernels._graph import is_dask
 from chunkernels._shared.filters import check_writable
 from chunkernels.interop import accepts_tensors
-from chunkernels.kernels import label as K
-from chunkernels.ndimage import _wrap as W
+from chunkernels.kernels import label as label_kernel
+from chunkernels.ndimage import _wrap
 from chunkernels.ndimage._filters import as_input
 
 
@@ -79,13 +79,13 @@ def label(input, structure=None, output=None, wrap_axes=None):
     if x.dtype.kind not in "biuf":
         raise TypeError(f"label takes boolean, integer or floating-point input; got dtype "
                         f"{x.dtype}")
-    structure = K.check_structure(structure, x.ndim)
+    structure = label_kernel.check_structure(structure, x.ndim)
     dtype, target = _output(output, x)
-    wrap = W.check_wrap_axes(wrap_axes, x.ndim)
+    wrap = _wrap.check_wrap_axes(wrap_axes, x.ndim)
     if wrap and x.size:
         return _label_wrapped(x, structure, dtype, target, wrap)
     if is_dask(x):
-        return K.plan(x, structure, dtype)
+        return label_kernel.plan(x, structure, dtype)
     if cuda.is_cupy_array(x):
         if target is not None:
             # SciPy numbers features in the order it walks the output array: label the views
@@ -93,26 +93,27 @@ def label(input, structure=None, output=None, wrap_axes=None):
             order = _walk_order(target.strides)
             x, target, structure = (a.transpose(order) for a in (x, target, structure))
         with x.device:
-            if K.gpu_takes(x, structure, dtype):
-                labels, count = K.label_device(x, structure, dtype, out=target)
+            if label_kernel.gpu_takes(x, structure, dtype):
+                labels, count = label_kernel.label_device(x, structure, dtype, out=target)
                 return _returned(labels, int(count), target)
         x = x.get()
-        labels, count = ndi.label(K.scipy_input(x), structure, dtype)
+        labels, count = ndi.label(label_kernel.scipy_input(x), structure, dtype)
         if target is None:
             return cuda.cupy().asarray(labels), count
         target[...] = cuda.cupy().asarray(labels)
         return count
-    return ndi.label(K.scipy_input(x), structure, output if target is not None else dtype)
+    return ndi.label(label_kernel.scipy_input(x), structure,
+                     output if target is not None else dtype)
 
 
 def _label_wrapped(x, structure, dtype, target, wrap):
     """:func:`label` with ``wrap_axes``: the labels as scipy finds them, in a dtype that holds
     any number of them, then joined across the wrapped edges (:mod:`._wrap`)."""
-    work = K.default_dtype(x.size)
+    work = label_kernel.default_dtype(x.size)
     if is_dask(x):
-        return W.wrapped_dask(*K.plan(x, structure, work), structure, wrap, dtype)
+        return _wrap.wrapped_dask(*label_kernel.plan(x, structure, work), structure, wrap, dtype)
     labels, count = label(x, structure, work)
-    labels, count = W.wrapped(labels, count, structure, wrap, dtype)
+    labels, count = _wrap.wrapped(labels, count, structure, wrap, dtype)
     if target is None:
         return labels, count
     target[...] = labels
@@ -140,14 +141,14 @@ def _walk_order(strides) -> tuple[int, ...]:
 
 
 def _returned(labels, count, target):
-    K.check_bit_depth(count, labels.dtype)
+    label_kernel.check_bit_depth(count, labels.dtype)
     return count if target is not None else (labels, count)
 
 
 def _output(output, x):
     """``(dtype, array to fill or None)`` from ``output``, checked before any work."""
     if output is None:
-        return K.default_dtype(x.size), None
+        return label_kernel.default_dtype(x.size), None
     if hasattr(output, "shape") and not isinstance(output, type | np.dtype):
         if is_dask(x) or is_dask(output):
             raise TypeError("output= cannot be an array for a Dask input (the labels are "
@@ -156,12 +157,12 @@ def _output(output, x):
         if not (isinstance(output, np.ndarray) or cuda.is_cupy_array(output)):
             raise TypeError(f"output must be a NumPy or CuPy array or a dtype; got "
                             f"{type(output).__module__}.{type(output).__name__}")
-        check_writable(output, K.LabelError)
+        check_writable(output, label_kernel.LabelError)
         if tuple(output.shape) != tuple(x.shape):
-            raise K.LabelError(f"output shape not correct: output has shape {output.shape}, "
-                               f"the input {x.shape}")
+            raise label_kernel.LabelError(f"output shape not correct: output has shape "
+                                          f"{output.shape}, the input {x.shape}")
         if cuda.is_cupy_array(output) != cuda.is_cupy_array(x):
             raise TypeError(f"output is a {type(output).__module__} array and the input a "
                             f"{type(x).__module__} one; give an output on the input's device")
-        return K.check_output_dtype(output.dtype), output
-    return K.check_output_dtype(output), None
+        return label_kernel.check_output_dtype(output.dtype), output
+    return label_kernel.check_output_dtype(output), None

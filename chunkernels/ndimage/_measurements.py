@@ -28,7 +28,7 @@ import scipy.ndimage as ndi
 
 from chunkernels import _graph, cuda
 from chunkernels._graph import is_dask
-from chunkernels.kernels import label_statistics as LS
+from chunkernels.kernels import label_statistics
 from chunkernels.ndimage._filters import as_input
 
 #: The properties :func:`measure` returns by default.
@@ -114,7 +114,7 @@ def _query(name, input, labels, index=None, *, complex_ok=False):
                               asarray=False)
         if x.shape != shape:
             x = da.broadcast_to(x, shape)
-        lab = x if lab is None else LS.as_dask_operand(lab, x)
+        lab = x if lab is None else label_statistics.as_dask_operand(lab, x)
     else:
         cp = cuda.cupy()
         with x.device:
@@ -207,7 +207,7 @@ def _plan_index(q, index):
         unique, inverse = np.unique(flat, return_inverse=True)
     else:
         unique, inverse = flat, None
-    valid, keys = LS.label_keys(unique, q.labels.dtype)
+    valid, keys = label_statistics.label_keys(unique, q.labels.dtype)
     every = bool(valid.all())
     q.keys = keys if every else keys[valid]
     slot_of = np.arange(unique.size) if every else np.where(valid, np.cumsum(valid) - 1, -1)
@@ -226,12 +226,13 @@ def _require_data(q, name):
 
 def _table(q, stats):
     """The kernel's table for the query: computed (CuPy) or lazy (Dask)."""
-    params = LS.validate(len(q.shape), stats=stats, select=q.select, index=q.keys)
+    params = label_statistics.validate(len(q.shape), stats=stats, select=q.select, index=q.keys)
     if q.backend == "dask":
-        return LS.dask_graph(q.x, q.labels, **params)
+        return label_statistics.dask_graph(q.x, q.labels, **params)
     if q.backend == "cupy":
-        return LS.dispatch(q.x, q.labels, **params)  # one row per slot, in order: the table
-    return LS.reference(q.x, q.labels, **params)
+        # one row per slot, in order: the table
+        return label_statistics.dispatch(q.x, q.labels, **params)
+    return label_statistics.reference(q.x, q.labels, **params)
 
 
 class _Rows:
@@ -242,13 +243,13 @@ class _Rows:
     def __init__(self, q, stats):
         self.single, self.slots, self.identity = q.single, q.slots, q.identity
         self.shape, self.dtype, self.array_shape = q.out_shape, q.dtype, q.shape
-        self.lay = LS.Layout.of(LS.normalise_stats(stats), len(q.shape))
+        self.lay = label_statistics.Layout.of(label_statistics.normalise_stats(stats), len(q.shape))
 
     def rows(self, table):
         if self.identity:
             return table
         xp = cuda.array_module(table)
-        padded = xp.concatenate([table, LS.empty_rows(xp, 1, self.lay)])
+        padded = xp.concatenate([table, label_statistics.empty_rows(xp, 1, self.lay)])
         return padded[xp.asarray(np.where(self.slots < 0, table.shape[0], self.slots))]
 
     def column(self, rows, name):
@@ -698,8 +699,8 @@ def find_objects(input, max_label=0):
         q.select = "labels"
     with _device(q):
         table = _table(q, ("bbox",))
-    boxes = functools.partial(_boxes, LS.Layout.of(LS.normalise_stats(("bbox",)), x.ndim),
-                              max_label if max_label >= 1 else None)
+    layout = label_statistics.Layout.of(label_statistics.normalise_stats(("bbox",)), x.ndim)
+    boxes = functools.partial(_boxes, layout, max_label if max_label >= 1 else None)
     if q.backend == "cupy":
         return boxes(table)
     import dask
@@ -773,7 +774,7 @@ def _selected(select, keys, shape, positions, origin, x, labels):
     xp = cuda.array_module(x)
     if x.ndim == 0:  # nonzero() of 0-d arrays is refused; one element, flat index 0
         x, labels, shape, origin = x.reshape(1), labels.reshape(1), (1,), (0,)
-    slot, _ = LS.element_slots(labels, select, keys)
+    slot, _ = label_statistics.element_slots(labels, select, keys)
     chosen = slot >= 0
     flat = None
     if positions:
@@ -1028,7 +1029,7 @@ def _bincount(xp, index, length):
 def _histogram_block(select, keys, edges, nslots, origin, x, labels):
     """Per slot, the histogram of the block's values and the number of its elements."""
     xp = cuda.array_module(x)
-    slot, _ = LS.element_slots(labels, select, keys)
+    slot, _ = label_statistics.element_slots(labels, select, keys)
     values = x.astype(np.float64).reshape(-1)
     slot = slot.reshape(-1)
     e = xp.asarray(edges)

@@ -11,10 +11,10 @@ import scipy.ndimage as ndi
 
 import chunkernels
 from chunkernels.check import check
-from chunkernels.kernels import label_statistics as LS
+from chunkernels.kernels import label_statistics
 from chunkernels.testing import random_array, to_device_view
 
-EVERY = LS.normalise_stats(LS.STATS)
+EVERY = label_statistics.normalise_stats(label_statistics.STATS)
 
 
 def brute_force(x, labels, select, index=None):
@@ -28,8 +28,8 @@ def brute_force(x, labels, select, index=None):
         index = np.unique(labels[labels > 0]) if select == "labels" else index
         masks = [labels == v for v in index]
         keys = index if select == "labels" else range(len(index))
-    lay = LS.Layout.of(EVERY, x.ndim)
-    table = LS.empty_rows(np, len(masks), lay)
+    lay = label_statistics.Layout.of(EVERY, x.ndim)
+    table = label_statistics.empty_rows(np, len(masks), lay)
     for row, mask, key in zip(table, masks, keys):
         row[lay.key] = key
         v = x[mask].astype(np.float64)
@@ -78,16 +78,16 @@ def test_reference_is_the_definition(select, kind, shape, dtype):
     x = random_array(rng, shape, dtype)
     labels, n = label_image(rng, shape)
     index = _index(kind, n)
-    params = LS.validate(x.ndim, stats=LS.STATS, select=select, index=index)
-    assert_tables(LS.reference(x, labels, **params), brute_force(x, labels, select, index))
+    params = label_statistics.validate(x.ndim, stats=label_statistics.STATS, select=select, index=index)
+    assert_tables(label_statistics.reference(x, labels, **params), brute_force(x, labels, select, index))
 
 
 def test_nan_and_ties():
     x = np.array([[np.nan, 1, 1, np.nan], [3, 3, np.nan, np.nan], [0.0, -0.0, 2, 2]])
     labels = np.array([[1, 1, 1, 2], [1, 1, 2, 2], [3, 3, 3, 3]])
-    params = LS.validate(2, stats=LS.STATS, select="index", index=np.array([1, 2, 3]))
-    table = LS.reference(x, labels, **params)
-    lay = LS.Layout.of(EVERY, 2)
+    params = label_statistics.validate(2, stats=label_statistics.STATS, select="index", index=np.array([1, 2, 3]))
+    table = label_statistics.reference(x, labels, **params)
+    lay = label_statistics.Layout.of(EVERY, 2)
     # minima skip NaN unless all are NaN; maxima are NaN as soon as one is; ties: first element
     np.testing.assert_array_equal(table[:, lay.min], [1, np.nan, 0])
     np.testing.assert_array_equal(table[:, lay.min_position], [1, 3, 8])
@@ -101,53 +101,53 @@ def test_any_split_into_blocks_combines_to_the_whole(select, kind):
     x = random_array(rng, (40, 35), "float64")
     x[rng.random(x.shape) < 0.02] = np.nan
     labels, n = label_image(rng, x.shape)
-    params = LS.validate(2, stats=LS.STATS, select=select, index=_index(kind, n))
-    whole = LS.reference(x, labels, **params)
+    params = label_statistics.validate(2, stats=label_statistics.STATS, select=select, index=_index(kind, n))
+    whole = label_statistics.reference(x, labels, **params)
     for cuts in (([0, 40], [0, 35]), ([0, 13, 14, 40], [0, 35]), ([0, 7, 21, 40], [0, 1, 20, 35])):
-        rows = [LS.partial(x[r0:r1, c0:c1], labels[r0:r1, c0:c1],
-                           **{**params, "origin": (r0, c0), "shape": x.shape})
+        rows = [label_statistics.partial(x[r0:r1, c0:c1], labels[r0:r1, c0:c1],
+                                         **{**params, "origin": (r0, c0), "shape": x.shape})
                 for r0, r1 in zip(cuts[0][:-1], cuts[0][1:])
                 for c0, c1 in zip(cuts[1][:-1], cuts[1][1:])]
         rng.shuffle(rows)  # the combine does not depend on the order of the blocks
-        assert_tables(LS.finalize(np.concatenate(rows), None, **params), whole, f"cuts {cuts}")
+        assert_tables(label_statistics.finalize(np.concatenate(rows), None, **params), whole, f"cuts {cuts}")
 
 
 def test_layout_and_parameters():
-    lay = LS.Layout.of(LS.normalise_stats(("bbox", "com")), 3)
+    lay = label_statistics.Layout.of(label_statistics.normalise_stats(("bbox", "com")), 3)
     assert lay.stats == ("count", "sum", "com", "bbox")
     assert (lay.key, lay.count, lay.sum, lay.com, lay.bbox_lo, lay.bbox_hi, lay.ncols) == \
         (0, 1, 2, 3, 6, 9, 12)
     assert lay.min is None and lay.m2 is None
-    assert LS.normalise_stats("min_position") == ("count", "min", "min_position")
+    assert label_statistics.normalise_stats("min_position") == ("count", "min", "min_position")
     with pytest.raises(ValueError, match="unknown statistic 'perimeter'"):
-        LS.validate(2, stats=("sum", "perimeter"))
+        label_statistics.validate(2, stats=("sum", "perimeter"))
     with pytest.raises(ValueError, match="select='everything'"):
-        LS.validate(2, stats=("sum",), select="everything")
+        label_statistics.validate(2, stats=("sum",), select="everything")
     with pytest.raises(ValueError, match="sorted, unique"):
-        LS.validate(2, stats=("sum",), select="index", index=[3, 1])
+        label_statistics.validate(2, stats=("sum",), select="index", index=[3, 1])
     with pytest.raises(ValueError, match="needs index="):
-        LS.validate(2, stats=("sum",), select="index")
+        label_statistics.validate(2, stats=("sum",), select="index")
     with pytest.raises(ValueError, match="goes with select='index'"):
-        LS.validate(2, stats=("sum",), select="labels", index=[1])
+        label_statistics.validate(2, stats=("sum",), select="labels", index=[1])
     with pytest.raises(TypeError, match="unexpected parameters"):
-        LS.validate(2, stats=("sum",), colour="red")
+        label_statistics.validate(2, stats=("sum",), colour="red")
     with pytest.raises(ValueError, match="can be no label of dtype uint8"):
-        LS.partial(np.ones(3), np.ones(3, np.uint8), **LS.validate(
+        label_statistics.partial(np.ones(3), np.ones(3, np.uint8), **label_statistics.validate(
             1, stats=("sum",), select="index", index=np.array([1, 300])))
     with pytest.raises(TypeError, match="boolean, integer or float images"):
-        LS.partial(np.ones(3, complex), np.ones(3, int), **LS.validate(1, stats=("sum",)))
+        label_statistics.partial(np.ones(3, complex), np.ones(3, int), **label_statistics.validate(1, stats=("sum",)))
 
 
 def test_label_keys_are_exact_equality():
-    valid, keys = LS.label_keys(np.array([1.0, 2.5, np.nan, -1.0, 300.0]), np.uint8)
+    valid, keys = label_statistics.label_keys(np.array([1.0, 2.5, np.nan, -1.0, 300.0]), np.uint8)
     np.testing.assert_array_equal(valid, [True, False, False, False, False])
     assert keys.dtype == np.uint8 and keys[0] == 1
-    valid, _ = LS.label_keys(np.array([2**24, 2**24 + 1]), np.float32)
+    valid, _ = label_statistics.label_keys(np.array([2**24, 2**24 + 1]), np.float32)
     np.testing.assert_array_equal(valid, [True, False])
-    valid, keys = LS.label_keys(np.array([0, 1, 2]), bool)
+    valid, keys = label_statistics.label_keys(np.array([0, 1, 2]), bool)
     np.testing.assert_array_equal(valid, [True, True, False])
     assert keys.dtype == np.uint8
-    valid, _ = LS.label_keys(np.array([2**63, 2**64 - 1], np.uint64), np.int64)
+    valid, _ = label_statistics.label_keys(np.array([2**63, 2**64 - 1], np.uint64), np.int64)
     np.testing.assert_array_equal(valid, [False, False])
 
 
@@ -157,7 +157,7 @@ def test_apply_numpy_and_dask(chunks):
     x = random_array(rng, (40, 35), "float32")
     labels, n = label_image(rng, x.shape)
     for select, kind in SELECTS:
-        params = {"stats": LS.STATS, "select": select, "index": _index(kind, n)}
+        params = {"stats": label_statistics.STATS, "select": select, "index": _index(kind, n)}
         expected = brute_force(x, labels, select, params["index"])
         assert_tables(chunkernels.apply(x, "label_statistics", labels, **params), expected)
         dx = da.from_array(x, chunks=chunks)
@@ -212,9 +212,9 @@ def test_gpu_matches_cpu_on_every_layout_and_slot_map():
                               ("index", np.arange(0, n + 9, 3)),               # compact: lookup
                               ("index", np.array([1, 3, 10**6]))):             # sparse: search
             if select == "index":
-                valid, keys = LS.label_keys(index, labels.dtype)
+                valid, keys = label_statistics.label_keys(index, labels.dtype)
                 index = np.unique(keys[valid])
-            params = {"stats": LS.STATS, "select": select, "index": index}
+            params = {"stats": label_statistics.STATS, "select": select, "index": index}
             expected = chunkernels.apply(x, "label_statistics", labels, **params)
             got = chunkernels.apply(to_device_view(x), "label_statistics",
                                     to_device_view(np.asarray(labels)), strict=True, **params)
@@ -229,7 +229,7 @@ def test_gpu_dask_chunks_match_cpu(chunks):
     x = random_array(rng, (64, 50), "float32")
     labels, n = label_image(rng, x.shape)
     for select, index in (("labels", None), ("index", np.arange(1, n + 1))):
-        params = {"stats": LS.STATS, "select": select, "index": index}
+        params = {"stats": label_statistics.STATS, "select": select, "index": index}
         expected = chunkernels.apply(x, "label_statistics", labels, **params)
         dx = da.from_array(to_device_view(x), chunks=chunks, asarray=False)
         dl = da.from_array(to_device_view(labels), chunks=chunks, asarray=False)
@@ -246,8 +246,8 @@ def test_gpu_64_bit_walk():
     x = cp.zeros(n, cp.uint8)
     x[-1], x[5] = 7, 7
     labels = cp.broadcast_to(cp.asarray([1], cp.int32), (n,))
-    table = LS.dispatch(x, labels, **LS.validate(1, stats=LS.STATS, select="positive"))
-    lay = LS.Layout.of(EVERY, 1)
+    table = label_statistics.dispatch(x, labels, **label_statistics.validate(1, stats=label_statistics.STATS, select="positive"))
+    lay = label_statistics.Layout.of(EVERY, 1)
     row = table[0].get()
     assert row[lay.count] == n and row[lay.sum] == 14
     assert row[lay.max] == 7 and row[lay.max_position] == 5
