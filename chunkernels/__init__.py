@@ -6,6 +6,8 @@
 array([1., 2., 3., 4., 5., 6.])
 
 Importing chunkernels imports neither CuPy nor CUDA; kernels compile on first use, per device.
+``chunkernels.registered()`` lists the kernels (``chunkernels.kernels()``, its former name, still
+works and warns that it is deprecated).
 """
 
 from chunkernels._apply import BlockFunction, apply, blockwise
@@ -25,8 +27,13 @@ from chunkernels._errors import (
     UnsupportedBlockError,
 )
 from chunkernels._pipeline import Pipeline, pipeline
-from chunkernels._registry import KernelSpec, describe, get, kernels, register, unregister
+from chunkernels._registry import KernelSpec, describe, get, register, registered, unregister
 from chunkernels import cluster  # noqa: E402 - imports nothing heavy until client() is called
+from chunkernels import _registry, kernels  # the built-ins' package; it imports no kernel yet
+
+# The registry sits below the kernels and must not import them: the face tells it where they are.
+# A Dask worker imports this module before any submodule, so its registry knows them too.
+_registry.set_builtin_provider(kernels.builtin_specs)
 
 __version__ = "0.1.0"
 
@@ -50,9 +57,9 @@ __all__ = [
     "blockwise",
     "describe",
     "get",
-    "kernels",
     "pipeline",
     "register",
+    "registered",
     "run_block",
     "unregister",
 ]

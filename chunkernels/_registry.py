@@ -1,15 +1,20 @@
 """The kernel registry: one frozen :class:`KernelSpec` per kernel name.
 
-Built-in kernels live in :mod:`chunkernels.kernels` (one module each); third-party packages add
-theirs through the entry-point group ``chunkernels.kernels``, loaded the first time a name is looked
-up or the registry is listed.
+Built-in kernels live in :mod:`chunkernels.kernels` (one module or subpackage each, found there,
+not listed); third-party packages add theirs through the entry-point group
+``chunkernels.kernels``. Both are loaded the first time a name is looked up or the registry is
+listed.
+
+This module sits below every other one but :mod:`chunkernels._errors`: it imports neither the
+kernels nor :mod:`chunkernels.cuda`. It learns where the built-in kernels come from through
+:func:`set_builtin_provider`, which ``chunkernels/__init__.py`` calls when ``chunkernels`` is
+imported (before any submodule, on a Dask worker too).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import importlib
 import inspect
 import re
 import textwrap
@@ -22,12 +27,6 @@ from typing import Any
 import numpy as np
 
 from chunkernels._errors import DuplicateKernelError, KernelSpecError, UnknownKernelError
-
-# Imported here, while chunkernels/__init__.py runs, and not on first lookup: the first import of
-# the subpackage sets the attribute ``chunkernels.kernels`` to it, which would shadow the function
-# ``chunkernels.kernels()`` that __init__ binds after this module is imported. The subpackage only
-# names the built-in modules; they are still imported on first use.
-from chunkernels.kernels import BUILTIN
 
 ENTRY_POINT_GROUP = "chunkernels.kernels"
 KINDS = ("raw", "elementwise", "reduction")
@@ -370,6 +369,21 @@ _REGISTRY: dict[str, KernelSpec] = {}
 _ORIGIN: dict[str, str] = {}
 _LOCK = threading.RLock()
 _loaded = {"builtins": False, "entry_points": False}
+#: ``provider() -> iterable of (origin, KernelSpec)``: the built-in kernels, imported when the
+#: registry is first used (see :func:`set_builtin_provider`).
+_builtin_provider: Callable[[], Iterable[tuple[str, KernelSpec]]] | None = None
+
+
+def set_builtin_provider(provider: Callable[[], Iterable[tuple[str, KernelSpec]]]) -> None:
+    """Tell the registry where the built-in kernels come from.
+
+    ``chunkernels/__init__.py`` hands it :func:`chunkernels.kernels.builtin_specs`: the
+    registry, below every kernel, must not import them itself. ``provider()`` yields
+    ``(origin, spec)`` pairs (``origin``: the module a spec comes from, shown in duplicate-name
+    errors) and is called once, at the registry's first lookup or listing.
+    """
+    global _builtin_provider
+    _builtin_provider = provider
 
 
 def register(spec: KernelSpec | None = None, /, *, replace: bool = False,
@@ -414,8 +428,8 @@ def register(spec: KernelSpec | None = None, /, *, replace: bool = False,
                 f"register yours under another name, or pass replace=True to override it on "
                 f"purpose (chunkernels.unregister({spec.name!r}) removes it)"
             )
-        if spec.name in _REGISTRY:
-            _forget_compiled(spec.name)
+        # nothing compiled from a replaced spec's code is reused: chunkernels.cuda.function
+        # keys its cache by the code itself
         _REGISTRY[spec.name] = spec
         _ORIGIN[spec.name] = origin
     return spec
@@ -454,14 +468,7 @@ def unregister(name: str) -> KernelSpec:
         spec = get(name)
         del _REGISTRY[name]
         del _ORIGIN[name]
-        _forget_compiled(name)
     return spec
-
-
-def _forget_compiled(name: str) -> None:
-    from chunkernels import cuda  # cuda imports this module for source lookups
-
-    cuda.forget(name)
 
 
 def get(name: str) -> KernelSpec:
@@ -472,14 +479,15 @@ def get(name: str) -> KernelSpec:
     UnknownKernelError
         Listing the closest registered names.
     """
+    try:  # first, as every launch asks (chunkernels.cuda.function): registered names are valid
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        pass
     if not isinstance(name, str) or not _IDENTIFIER.fullmatch(name):
         raise UnknownKernelError(
             f"{name!r} is not a kernel name: names are identifiers like 'broadcast_add', "
-            f"never paths; chunkernels.kernels() lists them"
+            f"never paths; chunkernels.registered() lists them"
         )
-    spec = _REGISTRY.get(name)
-    if spec is not None:
-        return spec
     with _LOCK:
         _load_builtins()
         if name not in _REGISTRY:
@@ -494,8 +502,8 @@ def get(name: str) -> KernelSpec:
     return spec
 
 
-def kernels() -> list[str]:
-    """Names of all registered kernels, sorted."""
+def registered() -> list[str]:
+    """Names of all registered kernels (built-in, from entry points, and your own), sorted."""
     with _LOCK:
         _load_builtins()
         _load_entry_points()
@@ -510,14 +518,19 @@ def describe(name: str) -> str:
 def _load_builtins() -> None:
     if _loaded["builtins"]:
         return
+    if _builtin_provider is None:
+        raise RuntimeError(
+            "the kernel registry was used before chunkernels/__init__.py told it where the "
+            "built-in kernels are (chunkernels._registry.set_builtin_provider): use it after "
+            "`import chunkernels` has finished, not from code that runs while it imports"
+        )
     _loaded["builtins"] = True
-    for module_name in BUILTIN:
-        module = importlib.import_module(f"chunkernels.kernels.{module_name}")
-        spec = module.SPEC
+    for origin, spec in _builtin_provider():
         if spec.name in _REGISTRY:
-            raise DuplicateKernelError(f"built-in kernel {spec.name!r} registered twice")
+            raise DuplicateKernelError(f"built-in kernel {spec.name!r} registered twice (from "
+                                       f"{_ORIGIN[spec.name]} and {origin})")
         _REGISTRY[spec.name] = spec
-        _ORIGIN[spec.name] = module.__name__
+        _ORIGIN[spec.name] = origin
 
 
 def _load_entry_points() -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from chunkernels import cuda
 from chunkernels._apply import apply
-from chunkernels._registry import get, kernels
+from chunkernels._registry import get, registered
 from chunkernels.testing import assert_close, chunkings, to_device_view
 
 
@@ -44,7 +44,7 @@ def check(names=None, *, seed: int = 0, gpu: bool | None = None,
     if gpu is None:
         gpu = cuda.gpu_count() > 0
     results = []
-    for name in names or kernels():
+    for name in names or registered():
         done = len(results)
         spec = get(name)
         rng = np.random.default_rng(seed)

@@ -10,10 +10,10 @@ from chunkernels import __version__
 
 
 def _list(args) -> int:
-    from chunkernels._registry import get, kernels
+    from chunkernels._registry import get, registered
 
     rows = [("name", "kind", "dtypes", "ndim", "halo", "source")]
-    for name in kernels():
+    for name in registered():
         s = get(name)
         src = f"kernels_cuda/{s.source}" if s.source else ("inline" if s.code else "-")
         rows.append((name, s.kind, ",".join(s.dtypes), s.ndim_text, s.halo_rule, src))

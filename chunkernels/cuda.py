@@ -1,9 +1,9 @@
 """Lazy access to CUDA: CuPy is imported on first use and kernels compile on first launch.
 
 Nothing here runs at ``import chunkernels``: no CuPy import, no CUDA context. Compiled kernels are
-cached per device, keyed by everything that changes the generated code (kernel name, C++ name
-expression); launch geometry and array sizes are runtime arguments, so uneven edge chunks never
-trigger a recompile.
+cached per device, keyed by everything that changes the generated code (the kernel's code, C++
+name expression); launch geometry and array sizes are runtime arguments, so uneven edge chunks
+never trigger a recompile.
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ from typing import Any
 
 from chunkernels._errors import KernelArgumentError, LaunchFallbackError, LaunchFallbackWarning
 from chunkernels._imports import imported
+from chunkernels._registry import get
 
 #: NVRTC options every chunkernels kernel is compiled with. They belong to the library: users
 #: cannot pass compiler options, so a kernel behaves the same wherever it is compiled.
 COMPILE_OPTIONS = ("--std=c++17",)
 
-_FUNCTIONS: dict[tuple[int, str, str], Any] = {}
+#: Compiled functions by (device, kernel, name expression, the kernel's code: its inline source
+#: text or its file name, None for a library file).
+_FUNCTIONS: dict[tuple[int, str, str, str | None], Any] = {}
 _COMPILE_LOCK = threading.Lock()
 
 _CONSTANTS: dict[tuple, Any] = {}
@@ -122,11 +125,13 @@ def source(kernel: str) -> str:
     such as the halo exchange's gather, which are not registered kernels: a kernel name is an
     identifier, so the two never collide).
     """
-    from chunkernels._registry import get
-
     if kernel.endswith(".cu"):
         return _inline_includes(source_dir() / kernel)
-    spec = get(kernel)
+    return _spec_source(kernel, get(kernel))
+
+
+def _spec_source(kernel: str, spec) -> str:
+    """CUDA source text of ``spec``, registered as ``kernel``."""
     if spec.code is not None:
         return spec.code
     if spec.source is None:
@@ -167,15 +172,22 @@ def function(kernel: str, name_expression: str):
     worker bound to GPU 3 compiles and runs on GPU 3. ``name_expression`` is a kernel entry name
     or a C++ template instantiation such as ``"broadcast_add<float, float, float, int, 2, 4>"``.
     ``kernel`` may also name a library source file (``"halo_gather.cu"``, see :func:`source`).
+    The cache is also keyed by the kernel's code (its inline text, or its file): a kernel
+    registered again with other code (``register(..., replace=True)``) compiles anew, one
+    registered again with the same code reuses what was compiled.
     """
     cp = cupy()
-    key = (cp.cuda.runtime.getDevice(), kernel, name_expression)
+    spec = None if kernel.endswith(".cu") else get(kernel)
+    code = None if spec is None else spec.source if spec.code is None else spec.code
+    key = (cp.cuda.runtime.getDevice(), kernel, name_expression, code)
     fn = _FUNCTIONS.get(key)
     if fn is None:
         with _COMPILE_LOCK:
             fn = _FUNCTIONS.get(key)
             if fn is None:
-                module = cp.RawModule(code=source(kernel), options=COMPILE_OPTIONS,
+                # from the spec the key was made of, whatever was registered since
+                text = source(kernel) if spec is None else _spec_source(kernel, spec)
+                module = cp.RawModule(code=text, options=COMPILE_OPTIONS,
                                       name_expressions=[name_expression])
                 fn = _FUNCTIONS[key] = Kernel(module.get_function(name_expression),
                                               name_expression)
@@ -183,7 +195,11 @@ def function(kernel: str, name_expression: str):
 
 
 def forget(kernel: str) -> None:
-    """Drop compiled functions of ``kernel`` on every device (its source may have changed)."""
+    """Drop compiled functions of ``kernel`` on every device, whatever code they came from.
+
+    Not needed for a kernel registered again with other code (the cache is keyed by the code);
+    the benchmarks and tests call it to count the compilations of a cold start.
+    """
     with _COMPILE_LOCK:
         for key in [k for k in _FUNCTIONS if k[1] == kernel]:
             del _FUNCTIONS[key]

@@ -149,9 +149,9 @@ def run(args) -> int:
                             f"pip install 'chunkernels[demo]'")
     if args.gpus is None and args.scheduler is None and cuda.gpu_count() > 0:
         args.gpus = cuda.gpu_count()  # GPUs here: a LocalCUDACluster, one worker per GPU
-    from chunkernels._registry import kernels
+    from chunkernels._registry import registered
 
-    kernels()  # import the kernels now, not inside the first timed step
+    registered()  # import the kernels now, not inside the first timed step
     try:
         context = cluster_from_args(args)
     except (ValueError, ImportError) as exc:

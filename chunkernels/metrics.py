@@ -19,7 +19,7 @@ import numpy as np
 from chunkernels import cuda
 from chunkernels._apply import apply
 from chunkernels._graph import is_dask
-from chunkernels._registry import get, kernels
+from chunkernels._registry import get, registered
 
 
 def mean_squared_error(image0, image1):
@@ -104,7 +104,7 @@ def _same_kind(a, b):
 
 def kernel_for(skimage_name: str):
     """The registered spec whose ``skimage`` field names ``"module:function"``, or ``None``."""
-    for name in kernels():
+    for name in registered():
         spec = get(name)
         if skimage_name in spec.skimage:
             return spec
@@ -127,4 +127,4 @@ def implementation(skimage_name: str):
 
 def supported() -> list[str]:
     """scikit-image functions that registered kernels implement, sorted."""
-    return sorted({s for name in kernels() for s in get(name).skimage})
+    return sorted({s for name in registered() for s in get(name).skimage})

@@ -27,8 +27,7 @@ if str(ROOT) not in sys.path:  # a checkout that is not installed still document
     sys.path.insert(0, str(ROOT))
 
 import chunkernels  # noqa: E402
-from chunkernels._registry import kernels as registered_kernels  # noqa: E402
-from chunkernels.kernels import BUILTIN  # noqa: E402
+from chunkernels.kernels import builtin_modules  # noqa: E402
 
 log = logging.getLogger("mkdocs.hooks.chunkernels")
 
@@ -81,7 +80,7 @@ def kernels_table(page_src: str) -> str:
     """A Markdown table of every registered kernel, linking to docs/kernels/NAME.md."""
     here = posixpath.dirname(page_src) or "."
     lines = ["| kernel | summary | kind | dtypes | halo |", "|---|---|---|---|---:|"]
-    for name in registered_kernels():
+    for name in chunkernels.registered():
         spec = chunkernels.get(name)
         page = f"kernels/{name}.md"
         link = posixpath.relpath(page, here)
@@ -114,7 +113,7 @@ def cli_output(args: str) -> str:
 
 
 def on_files(files, config, **kwargs):
-    for name in BUILTIN:
+    for name in builtin_modules():
         if files.get_file_from_path(f"kernels/{name}.md") is None:
             log.warning(f"built-in kernel {name!r} has no page docs/kernels/{name}.md "
                         f"(copy docs/kernels/broadcast_add.md)")

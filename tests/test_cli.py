@@ -61,7 +61,7 @@ def test_describe_several(capsys, moving_sum):
                                                            ["name", "moving_sum"]]
 
 
-REGISTERED = ", ".join(chunkernels.kernels())
+REGISTERED = ", ".join(chunkernels.registered())
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -71,7 +71,7 @@ REGISTERED = ", ".join(chunkernels.kernels())
                                             f"kernels: {REGISTERED}\n"),
     (("check", "../broadcast_add.cu"), "chunkernels: '../broadcast_add.cu' is not a kernel name: "
                                        "names are identifiers like 'broadcast_add', never paths; "
-                                       "chunkernels.kernels() lists them\n"),
+                                       "chunkernels.registered() lists them\n"),
 ])
 def test_unknown_kernel_exits_2_with_the_message_on_stderr(capsys, argv, message):
     code, out, err = run(capsys, *argv)
@@ -87,14 +87,14 @@ def test_check_cpu_part(capsys):
     assert lines[0].split() == ["kernel", "path", "cases", "result", "detail"]
     assert lines[2].split() == ["broadcast_add", "cpu,", "dask", "chunks", "10", "pass"]
     assert lines[3].split()[:5] == ["broadcast_add", "gpu", "0", "skip", "skipped:"]
-    for name in chunkernels.kernels():  # every kernel: a CPU row that passed, a skipped GPU row
+    for name in chunkernels.registered():  # every kernel: a CPU row that passed, a skipped GPU row
         rows = [line.split() for line in lines if line.startswith(name + " ")]
         assert len(rows) == 2
         assert rows[0][1:4] == ["cpu,", "dask", "chunks"] and rows[0][5] == "pass"
         assert rows[1][1:4] == ["gpu", "0", "skip"]
     assert "GPU part skipped: no CUDA GPU found (CuPy missing or no device); the CPU path was " \
            "checked." in out
-    assert out.rstrip().endswith(f"{len(chunkernels.kernels())} passed, 0 failed")
+    assert out.rstrip().endswith(f"{len(chunkernels.registered())} passed, 0 failed")
 
 
 def test_check_cpu_only_flag_and_names(capsys, moving_sum):

@@ -67,8 +67,8 @@ def install_plugin(tmp_path, monkeypatch):
 
 def test_entry_point_spec_is_registered_and_applies(install_plugin):
     module = install_plugin({"negate": "MODULE:SPEC"})
-    assert "plugin_negate" in chunkernels.kernels()
-    assert "broadcast_add" in chunkernels.kernels()
+    assert "plugin_negate" in chunkernels.registered()
+    assert "broadcast_add" in chunkernels.registered()
     assert _registry._ORIGIN["plugin_negate"] == f"entry point 'negate' ({module}:SPEC)"
     x = np.arange(6.0).reshape(2, 3)
     assert_close(chunkernels.apply(x, "plugin_negate"), -x)
@@ -77,13 +77,13 @@ def test_entry_point_spec_is_registered_and_applies(install_plugin):
 
 def test_entry_points_load_on_first_lookup(install_plugin):
     install_plugin({"negate": "MODULE:SPEC"})
-    # get() of an unknown name loads the entry points before giving up; kernels() is not needed
+    # get() of an unknown name loads the entry points before giving up; registered() is not needed
     assert chunkernels.get("plugin_negate").summary == "-x"
 
 
 def test_entry_point_callable_returning_several_specs(install_plugin):
     install_plugin({"more": "MODULE:more"})
-    names = chunkernels.kernels()
+    names = chunkernels.registered()
     assert {"plugin_twice", "plugin_twice2"} <= set(names)
     assert_close(chunkernels.apply(np.arange(3), "plugin_twice2"), np.array([0, 2, 4]))
 
@@ -100,7 +100,7 @@ def test_broken_entry_point_warns_and_the_rest_still_loads(install_plugin, targe
     shown = target.replace("MODULE", module)
     with pytest.warns(RuntimeWarning, match=rf"could not load chunkernels kernels from entry point "
                                             rf"'broken' \({shown}\): {error}"):
-        names = chunkernels.kernels()
+        names = chunkernels.registered()
     assert "plugin_negate" in names and "broadcast_add" in names
     assert chunkernels.get("broadcast_add").cpu.__module__ == "chunkernels.kernels.broadcast_add"
 
@@ -108,9 +108,9 @@ def test_broken_entry_point_warns_and_the_rest_still_loads(install_plugin, targe
 def test_entry_points_load_once(install_plugin):
     install_plugin({"broken": "ck_plugin_missing:SPEC"})
     with pytest.warns(RuntimeWarning):
-        chunkernels.kernels()
+        chunkernels.registered()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second listing must not warn (nor load) again
-        chunkernels.kernels()
+        chunkernels.registered()
         with pytest.raises(chunkernels.UnknownKernelError):
             chunkernels.get("plugin_negate")

@@ -46,8 +46,12 @@ SCRIPT = textwrap.dedent("""
     import chunkernels
     stage("import chunkernels")
 
-    names = chunkernels.kernels()
+    names = chunkernels.registered()
     chunkernels.describe("broadcast_add")
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        old_names = chunkernels.kernels()  # the former name of registered(), deprecated
     stage("registry")
 
     x = np.ones((4, 6), "float32")
@@ -75,6 +79,8 @@ SCRIPT = textwrap.dedent("""
         "stages": stages,
         "kernels": names,
         "kernels_callable_after_use": callable(chunkernels.kernels),
+        "old_name_lists_the_same": old_names == names,
+        "old_name_warns": [w.category.__name__ for w in caught],
         "numpy_type": type(numpy_result).__name__,
         "numpy_sum": float(numpy_result.sum()),
         "dask_sum": float(dask_result.sum()),
@@ -94,6 +100,8 @@ def test_cpu_use_imports_no_gpu_package(tmp_path):
     assert list(stages) == ["dask"]  # whatever Dask imports is Dask's business
     assert "broadcast_add" in report["kernels"]
     assert report["kernels_callable_after_use"]
+    assert report["old_name_lists_the_same"]
+    assert report["old_name_warns"] == ["DeprecationWarning"]
     assert report["numpy_type"] == "ndarray"
     assert report["numpy_sum"] == 4 * (6 + 15)
     assert report["dask_sum"] == 48.0

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from chunkernels import _halo, cuda
-from chunkernels._registry import get, kernels
+from chunkernels._registry import get, registered
 from chunkernels.sources import _sky
 
 #: The library's own CUDA sources (helpers, not registered kernels) and their instantiations.
@@ -72,7 +72,7 @@ def compile_entries(source: Path, entries, workdir: Path) -> subprocess.Complete
 
 
 def _sourced_kernels() -> list[str]:
-    return [name for name in kernels() if get(name).source is not None]
+    return [name for name in registered() if get(name).source is not None]
 
 
 def test_nvcc_flags_match_the_library_standard():
@@ -92,12 +92,12 @@ def test_source_file_exists(name):
 
 
 def test_no_orphan_sources():
-    used = {get(name).source for name in kernels()} | set(LIBRARY_SOURCES)
+    used = {get(name).source for name in registered()} | set(LIBRARY_SOURCES)
     orphans = sorted(p.name for p in cuda.source_dir().glob("*.cu") if p.name not in used)
     assert not orphans, (
         f"{', '.join(orphans)} in {cuda.source_dir()} belong to no registered kernel: register "
-        "a KernelSpec with source=<file> (and add its module to chunkernels.kernels.BUILTIN), or "
-        "delete the file"
+        "a KernelSpec with source=<file> (a module in chunkernels/kernels/ with it as SPEC is "
+        "found by itself), or delete the file"
     )
 
 

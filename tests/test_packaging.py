@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from chunkernels import __version__
-from chunkernels._registry import get, kernels
-from chunkernels.kernels import BUILTIN
+from chunkernels._registry import get, registered
+from chunkernels.kernels import builtin_modules
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def dists(tmp_path_factory) -> dict[str, Path]:
 
 
 def _sources() -> list[str]:
-    return sorted({get(name).source for name in kernels() if get(name).source})
+    return sorted({get(name).source for name in registered() if get(name).source})
 
 
 def test_wheel_contents(dists):
@@ -67,8 +67,9 @@ def test_wheel_contents(dists):
 
     for src in ["broadcast_add.cu", *_sources()]:
         assert f"chunkernels/kernels_cuda/{src}" in names
-    for module in BUILTIN:
-        assert f"chunkernels/kernels/{module}.py" in names
+    for module in builtin_modules():  # a module, or a package of modules
+        files = {f"chunkernels/kernels/{module}.py", f"chunkernels/kernels/{module}/__init__.py"}
+        assert files & names, module
     assert "chunkernels/cli.py" in names
     assert entry_points.get("console_scripts", "chunkernels") == "chunkernels.cli:main"
     stray = sorted(n for n in names

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
+import types
+from pathlib import Path
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -19,19 +25,74 @@ def _negate(x):
 # -- listing and lookup ---------------------------------------------------------------------------
 
 
-def test_kernels_lists_builtins_sorted():
-    names = chunkernels.kernels()
+def test_registered_lists_builtins_sorted():
+    names = chunkernels.registered()
     assert "broadcast_add" in names
     assert names == sorted(names)
 
 
-def test_kernels_function_survives_loading_the_builtins():
-    """Importing the subpackage chunkernels.kernels must not replace the function of that name."""
+def test_kernels_is_the_subpackage_and_calling_it_is_deprecated():
+    """``chunkernels.kernels`` names the built-ins' subpackage; calling it, the former name of
+    ``registered()``, still lists the kernels and says it is deprecated."""
     import chunkernels.kernels.broadcast_add  # noqa: F401 - what loading the built-ins does
 
-    chunkernels.get("broadcast_add")
-    assert chunkernels.kernels is _registry.kernels
-    assert "broadcast_add" in chunkernels.kernels()
+    assert isinstance(chunkernels.kernels, types.ModuleType)
+    with pytest.warns(DeprecationWarning, match=r"chunkernels\.kernels\(\) is deprecated: call "
+                                                r"chunkernels\.registered\(\)"):
+        names = chunkernels.kernels()
+    assert names == chunkernels.registered() and "broadcast_add" in names
+
+
+# -- built-in kernels are found, not listed ------------------------------------------------------
+
+
+def test_every_public_module_of_the_kernels_package_is_a_registered_builtin():
+    """A kernel module added to chunkernels/kernels/ is registered with no list to extend, under
+    its module's name ("one kernel, one place, four names"); helpers start with an underscore."""
+    folder = Path(chunkernels.kernels.__file__).parent
+    on_disk = sorted({p.stem for p in folder.glob("*.py")} |
+                     {p.parent.name for p in folder.glob("*/__init__.py")})
+    expected = [name for name in on_disk if not name.startswith("_")]
+    assert list(chunkernels.kernels.builtin_modules()) == expected
+    for name in expected:
+        assert chunkernels.get(name).name == name
+        assert _ORIGIN[name] == f"chunkernels.kernels.{name}"
+
+
+def test_a_public_module_without_spec_in_the_kernels_package_is_an_error(tmp_path, monkeypatch):
+    (tmp_path / "not_a_kernel.py").write_text("HELPER = 1\n")
+    (tmp_path / "_helper.py").write_text("raise AssertionError('helpers are not imported')\n")
+    monkeypatch.setattr(chunkernels.kernels, "__path__", [*chunkernels.kernels.__path__,
+                                                          str(tmp_path)])
+    assert "not_a_kernel" in chunkernels.kernels.builtin_modules()
+    assert "_helper" not in chunkernels.kernels.builtin_modules()
+    try:
+        with pytest.raises(KernelSpecError, match=r"chunkernels\.kernels\.not_a_kernel has no "
+                                                  r"SPEC .*rename it _not_a_kernel\.py"):
+            list(chunkernels.kernels.builtin_specs())
+    finally:
+        sys.modules.pop("chunkernels.kernels.not_a_kernel", None)
+        vars(chunkernels.kernels).pop("not_a_kernel", None)
+
+
+def test_the_registry_needs_the_builtins_provider_from_the_package(monkeypatch):
+    monkeypatch.setattr(_registry, "_builtin_provider", None)
+    _registry._REGISTRY.clear()  # the autouse fixture restores the registry
+    _registry._loaded["builtins"] = False
+    with pytest.raises(RuntimeError, match=r"set_builtin_provider.*after `import chunkernels`"):
+        chunkernels.get("broadcast_add")
+
+
+def test_importing_chunkernels_imports_no_kernel_until_one_is_looked_up():
+    code = ("import sys, chunkernels\n"
+            "def loaded():\n"
+            "    return sorted(m for m in sys.modules if m.startswith('chunkernels.kernels.'))\n"
+            "print(loaded())\n"
+            "chunkernels.get('broadcast_add')\n"
+            "print(len(loaded()) == len(chunkernels.kernels.builtin_modules()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True).stdout.split("\n")
+    assert out[:2] == ["[]", "True"]
 
 
 def test_get_returns_the_builtin_spec():
@@ -114,7 +175,7 @@ def test_register_replace_overrides_and_unregister_removes():
     assert chunkernels.get("broadcast_add") is mine
     assert _ORIGIN["broadcast_add"] == "this test"
     assert chunkernels.unregister("broadcast_add") is mine
-    assert "broadcast_add" not in chunkernels.kernels()
+    assert "broadcast_add" not in chunkernels.registered()
     with pytest.raises(UnknownKernelError, match="no kernel named 'broadcast_add'"):
         chunkernels.get("broadcast_add")
     with pytest.raises(UnknownKernelError):
@@ -284,23 +345,41 @@ def test_check_block_reasons_on_numpy_blocks():
     assert cpu_only.check_block(np.ones(3)) == (False, "k has no GPU implementation")
 
 
-def test_replacing_or_unregistering_a_kernel_drops_its_compiled_functions():
-    """A replaced kernel may have new CUDA code: nothing compiled from the old one is reused."""
+def test_a_replaced_kernel_compiles_its_new_code(monkeypatch):
+    """A kernel registered again with new CUDA code: nothing compiled from the old code is
+    reused. Registered again with code already compiled, it reuses that; ``cuda.forget`` drops
+    all of a kernel's functions (the benchmarks count a cold start's compilations)."""
     from chunkernels import cuda
+
+    compiled = []
+
+    class RawModule:  # stands in for CuPy's: records what NVRTC would compile
+        def __init__(self, code, options, name_expressions):
+            compiled.append(code)
+            self.code = code
+
+        def get_function(self, name):
+            return f"{name} from {self.code}"
+
+    device = types.SimpleNamespace(runtime=types.SimpleNamespace(getDevice=lambda: 0))
+    fake_cupy = types.SimpleNamespace(RawModule=RawModule, cuda=device)
+    monkeypatch.setattr(cuda, "cupy", lambda: fake_cupy)
+    monkeypatch.setattr(cuda, "Kernel", lambda raw, name: raw)  # the launcher is not tested here
+    monkeypatch.setattr(cuda, "_FUNCTIONS", {})
 
     spec = chunkernels.KernelSpec(name="recompiled", cpu=np.negative, code="// v1")
     chunkernels.register(spec)
-    cuda._FUNCTIONS[(0, "recompiled", "f<float>")] = "compiled v1"
-    cuda._FUNCTIONS[(0, "broadcast_add", "keep")] = "other kernel"
-    try:
-        chunkernels.register(spec, replace=True)
-        assert (0, "recompiled", "f<float>") not in cuda._FUNCTIONS
-        cuda._FUNCTIONS[(1, "recompiled", "f<float>")] = "compiled v2 on device 1"
-        chunkernels.unregister("recompiled")
-        assert not any(k[1] == "recompiled" for k in cuda._FUNCTIONS)
-        assert cuda._FUNCTIONS[(0, "broadcast_add", "keep")] == "other kernel"
-    finally:
-        cuda._FUNCTIONS.pop((0, "broadcast_add", "keep"), None)
+    assert cuda.function("recompiled", "f<float>") == "f<float> from // v1"
+    assert cuda.function("recompiled", "f<float>") == "f<float> from // v1"
+    chunkernels.register(dataclasses.replace(spec, code="// v2"), replace=True)
+    assert cuda.function("recompiled", "f<float>") == "f<float> from // v2"
+    chunkernels.unregister("recompiled")
+    chunkernels.register(spec)
+    assert cuda.function("recompiled", "f<float>") == "f<float> from // v1"
+    assert compiled == ["// v1", "// v2"]
+    cuda.forget("recompiled")
+    assert cuda.function("recompiled", "f<float>") == "f<float> from // v1"
+    assert compiled == ["// v1", "// v2", "// v1"]
 
 
 def test_device_constants_upload_once_per_device_and_value(monkeypatch):

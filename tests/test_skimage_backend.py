@@ -382,7 +382,7 @@ def test_served_dask_calls_and_declined_numpy_calls_do_not_touch_cupy():
 
 
 def test_info_lists_the_registry_mappings():
-    from_registry = sorted({s for k in chunkernels.kernels() for s in chunkernels.get(k).skimage})
+    from_registry = sorted({s for k in chunkernels.registered() for s in chunkernels.get(k).skimage})
     information = ckb.info()
     assert isinstance(information, BackendInformation)
     assert information.supported_functions == from_registry == [MSE, NRMSE]

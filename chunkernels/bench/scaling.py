@@ -164,7 +164,7 @@ def implementations(steps) -> dict:
 
 def pipeline_steps() -> tuple[tuple, str]:
     """The pipeline to compare, and why it is that one."""
-    registered = set(chunkernels.kernels())
+    registered = set(chunkernels.registered())
     missing = [name for name, _ in ISSUE_PIPELINE if name not in registered]
     if missing:
         why = f"the issue's kernels {', '.join(missing)} are not registered here"

@@ -558,7 +558,7 @@ def test_apply_and_registry():
     assert_close(chunkernels.apply(x, "label", structure=s), ndi.label(x, s)[0])
     got = chunkernels.apply(da.from_array(x, chunks=(7, 9)), "label", structure=s, dtype="int64")
     assert_close(got.compute(), ndi.label(x, s, output=np.int64)[0])
-    assert "label" in chunkernels.kernels()
+    assert "label" in chunkernels.registered()
 
 
 def test_check_command_cpu():
