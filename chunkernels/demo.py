@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 
 from chunkernels import cuda
+from chunkernels._cli_args import (add_cluster_arguments, cluster_from_args,
+                                   positive_whole_number, whole_number)
 
 #: κ of the background clipping and the detection threshold in σ, as in the lesson.
 KAPPA = 3.0
@@ -88,8 +90,6 @@ mostly stay undetected, and sources closer than their widths merge into one dete
 
 
 def add_arguments(parser) -> None:
-    from chunkernels.cli import _count, _positive, add_cluster_arguments
-
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = ("Find the sources of an image, the GPU lesson's four steps (κ-σ "
                           "clipping, a 5 σ\nthreshold, labelling, measurements), chunked on a "
@@ -99,12 +99,12 @@ def add_arguments(parser) -> None:
                         help="FITS, TIFF, Zarr or .npy image, 2-D once axes of length 1 are "
                              "dropped (a radio image's (1, 1, N, N) is fine; default: a "
                              "synthetic sky)")
-    parser.add_argument("--size", type=_positive, metavar="N",
+    parser.add_argument("--size", type=positive_whole_number, metavar="N",
                         help=f"side of the synthetic sky in pixels (default {DEFAULT_SIZE})")
-    parser.add_argument("--chunks", type=_positive, metavar="N",
+    parser.add_argument("--chunks", type=positive_whole_number, metavar="N",
                         help=f"chunk side in pixels (default: half the image side, at most "
                              f"{MAX_CHUNK})")
-    parser.add_argument("--seed", type=_count, default=0, metavar="S",
+    parser.add_argument("--seed", type=whole_number, default=0, metavar="S",
                         help="seed of the synthetic sky (default 0)")
     parser.add_argument("--out", default="chunkernels-demo", metavar="DIR",
                         help="folder for catalogue.csv and preview.png (default ./chunkernels-demo)")
@@ -139,8 +139,6 @@ def _image_path(text):
 
 def run(args) -> int:
     """The ``chunkernels demo`` command; returns the exit status (1: the CPU comparison failed)."""
-    from chunkernels.cli import cluster_from_args
-
     if args.image is not None and args.size is not None:
         return _usage_error("--size sets the side of the synthetic sky; an IMAGE has its own")
     missing = [name for name in ("matplotlib", "tqdm") if importlib.util.find_spec(name) is None]

@@ -37,6 +37,7 @@ from unittest import mock
 import numpy as np
 
 from chunkernels import cuda
+from chunkernels._cli_args import add_cluster_arguments
 
 MiB = 2**20
 GiB = 2**30
@@ -61,8 +62,6 @@ BENCH_EXTRA = "pip install 'chunkernels[bench]'"
 
 
 def add_arguments(parser) -> None:
-    from chunkernels.cli import add_cluster_arguments
-
     parser.add_argument("kernels", nargs="*", metavar="KERNEL",
                         help=f"benchmarks to run (default: all of {', '.join(BENCHMARKS)})")
     parser.add_argument("--size", type=size_text, metavar="SIZE",
