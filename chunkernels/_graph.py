@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from chunkernels import _halo, cuda
+from chunkernels._imports import current_client
 
 
 def is_dask(a) -> bool:
@@ -393,9 +394,7 @@ def placement(a) -> dict[tuple, str] | None:
     """Where the blocks of Dask array ``a`` live: ``{block index: worker address}`` when they
     are futures of the current distributed client, each held by one worker, else None (lazy or
     local blocks, or blocks held twice)."""
-    from chunkernels import cluster
-
-    client = cluster.current()
+    client = current_client()
     if client is None:
         return None
     layer = a.dask.layers.get(a.name)
@@ -614,9 +613,7 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
     # a border block's kernel task waits for its batch, whose source worker would otherwise
     # cut it when Dask's order reaches it, among its own kernel tasks. The layer holds the
     # batches' futures, so they live as long as the graph.
-    from chunkernels import cluster
-
-    client = cluster.current()
+    client = current_client()
     batch_keys = {}
     for (there, here), wanted in batches.items():
         key = (f"{name}-batch", len(batch_keys))

@@ -5,7 +5,8 @@ chunkernels asks whether CuPy, torch, Dask or distributed are in use without imp
 ``sys.modules``. A module is placed there *before* its code runs, so while one thread imports
 it another thread can find it half-initialised, without the names it will define: calling
 ``distributed.default_client`` then raised ``AttributeError: partially initialized module``
-(issue #20). :func:`imported` returns a module only once its import has finished.
+(issue #20). :func:`imported` returns a module only once its import has finished;
+:func:`current_client` finds the distributed client the same way.
 """
 
 from __future__ import annotations
@@ -29,3 +30,20 @@ def imported(name: str) -> ModuleType | None:
     if getattr(getattr(module, "__spec__", None), "_initializing", False):
         return None
     return module
+
+
+def current_client():
+    """The ``distributed.Client`` Dask would compute on now (the default client), or ``None``
+    when there is none (local threads or processes).
+
+    Asking imports nothing: without distributed imported there is no client, and importing it
+    (about half a second) would slow every caller on a machine that never starts one. While
+    another thread is still importing distributed there is no client either.
+    """
+    distributed = imported("distributed")
+    if distributed is None:
+        return None
+    try:
+        return distributed.default_client()
+    except ValueError:
+        return None

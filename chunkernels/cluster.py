@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 from chunkernels import cuda
-from chunkernels._imports import imported
+from chunkernels._imports import current_client
 
 #: The install that brings dask-cuda and CuPy, named in errors.
 CUDA_EXTRA = "pip install 'chunkernels[cuda12]'  (or [cuda13])"
@@ -122,21 +122,10 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
         raise
 
 
-def current() -> Any | None:
-    """The ``distributed.Client`` Dask would compute on now (the default client), or ``None``
-    when there is none (local threads or processes).
-
-    Asking imports nothing: without distributed imported there is no client, and importing it
-    (about half a second) would slow every caller on a machine that never starts one. While
-    another thread is still importing distributed there is no client either.
-    """
-    distributed = imported("distributed")
-    if distributed is None:
-        return None
-    try:
-        return distributed.default_client()
-    except ValueError:
-        return None
+#: ``current()``: the ``distributed.Client`` Dask would compute on now, or ``None``, found
+#: without importing distributed (:func:`chunkernels._imports.current_client`, which the graph
+#: module asks too: it sits below both).
+current = current_client
 
 
 def distribute(x, client=None):
