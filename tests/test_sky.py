@@ -1,6 +1,6 @@
 """The synthetic sky's GPU kernel (``kernels_cuda/synthetic_sky.cu``) against the CPU reference.
 
-The reference (``_render_reference`` on NumPy chunks) defines every pixel. Here:
+The reference (``render_reference`` on NumPy chunks) defines every pixel. Here:
 
 * the sources each chunk's task carries, and each tile of the kernel lists, are exactly those a
   brute-force test of every source's box against the chunk (the tile) finds, in list order;
@@ -211,7 +211,7 @@ def _reference(shape, chunks, seed, noise=0.01):
     chunks = da.core.normalize_chunks(chunks, shape)
     rows = chunk_sources(table["box"], chunks)
     for index, location in _locations(chunks).items():
-        yield location, table[rows[index]], _sky._render_reference(
+        yield location, table[rows[index]], _sky.render_reference(
             location, table[rows[index]], shape=shape, seed=seed, noise=noise)
 
 

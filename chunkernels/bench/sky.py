@@ -163,9 +163,9 @@ def graph_bytes(image) -> dict:
 
 def _per_source_cupy(location, table, **params):
     """A chunk as the GPU path made it before the kernel: the reference code on CuPy."""
-    from chunkernels.sources._sky import _render_reference
+    from chunkernels.sources._sky import render_reference
 
-    return _render_reference(location, table, xp=cuda.cupy(), **params)
+    return render_reference(location, table, xp=cuda.cupy(), **params)
 
 
 def per_source_loop_sky(shape=SHAPE, chunk=CHUNK):

@@ -7,7 +7,7 @@ The noise comes from a counter-based generator (SplitMix64's mixing function of 
 pixel index, through the Box-Muller transform), so it needs no state shared between chunks and
 gives the same integers on the CPU and the GPU.
 
-NumPy chunks run the reference (:func:`_render_reference`), which defines the result: noise and
+NumPy chunks run the reference (:func:`render_reference`), which defines the result: noise and
 gradient on the whole chunk, then each source that reaches it added over its box, in list order.
 CuPy chunks are one launch of ``kernels_cuda/synthetic_sky.cu`` each (:func:`_render_cuda`): every
 pixel computed as the reference computes it, its sources (listed per tile of 32 x 32 pixels by
@@ -109,7 +109,7 @@ def synthetic_sky(shape=8192, *, chunks=2048, seed=0, noise=NOISE, gpu=False):
     if gpu:
         render, meta = _render_cuda, cuda.cupy().empty((0, 0), dtype=np.float32)
     else:
-        render, meta = _render_reference, np.empty((0, 0), dtype=np.float32)
+        render, meta = render_reference, np.empty((0, 0), dtype=np.float32)
     return _image(render, meta, shape, chunks, int(seed), float(noise), truth), truth
 
 
@@ -232,7 +232,7 @@ def _clipped_boxes(box, location):
             np.maximum(box[:, 2], c0), np.minimum(box[:, 3], c1))
 
 
-def _render_reference(location, table, *, shape, seed, noise, xp=np):
+def render_reference(location, table, *, shape, seed, noise, xp=np):
     """One chunk of the sky: noise, gradient, then the sources of ``table`` that reach it, in
     table order. The reference: it defines the result. ``xp`` is ``numpy`` (CPU chunks) or
     ``cupy`` (each source a few CuPy operations: the GPU path before the kernel)."""
