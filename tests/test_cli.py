@@ -124,6 +124,29 @@ def test_check_reports_a_kernel_that_depends_on_its_chunking(capsys):
     assert out.rstrip().endswith("0 passed, 1 failed")
 
 
+def test_check_reports_a_reference_that_raises(capsys):
+    """A CPU reference that raises fails its cases in the table; the other kernels still run."""
+
+    def picky(x, *, scale=1.0):
+        if scale < 0:
+            raise ValueError(f"scale must be >= 0, got {scale}")
+        return x * scale
+
+    chunkernels.register(name="picky", cpu=picky,
+                         cases=lambda rng: [(rng.standard_normal((4, 6)), (), {"scale": s})
+                                            for s in (2.0, -1.0)])
+    code, out, err = run(capsys, "check", "picky", "broadcast_add")
+    assert code == 1
+    assert "Traceback" not in out + err
+    row = next(line for line in out.splitlines() if line.startswith("picky"))
+    assert row.split()[:6] == ["picky", "cpu,", "dask", "chunks", "2", "FAIL"]
+    assert ("case 1 (x (4, 6) float64): the CPU reference raised ValueError: scale must be >= 0, "
+            "got -1.0") in row
+    broadcast = next(line for line in out.splitlines() if line.startswith("broadcast_add"))
+    assert broadcast.split()[4:6] == ["10", "pass"]
+    assert out.rstrip().endswith("1 passed, 1 failed")
+
+
 def test_kernel_without_cases_is_skipped(capsys):
     chunkernels.register(name="negate", cpu=np.negative)
     code, out, _ = run(capsys, "check", "negate")
