@@ -52,21 +52,39 @@ def check(names=None, *, seed: int = 0, gpu: bool | None = None,
         paths = {"cpu, dask chunks": _cpu_dask}
         if gpu and spec.gpu is not None:
             paths.update({"gpu, whole array": _gpu_whole, "gpu, dask chunks": _gpu_dask})
+        expected = [_reference(spec, x, ops, params) for x, ops, params in cases]
         for path, run in paths.items():
             passed, detail = 0, ""
-            for i, (x, ops, params) in enumerate(cases):
-                expected = np.asarray(spec.cpu(x, *ops, **spec.params(x.ndim, params)))
-                try:
-                    run(spec, x, ops, params, expected)
-                    passed += 1
-                except Exception as exc:  # noqa: BLE001 - reported in the table
-                    detail = detail or f"case {i} (x {x.shape} {x.dtype}): {_one_line(exc)}"
+            for i, ((x, ops, params), want) in enumerate(zip(cases, expected)):
+                if isinstance(want, Exception):
+                    problem = f"the CPU reference raised {_one_line(want)}"
+                else:
+                    try:
+                        run(spec, x, ops, params, want)
+                        passed += 1
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - reported in the table
+                        problem = _one_line(exc)
+                detail = detail or f"case {i} (x {x.shape} {x.dtype}): {problem}"
             results.append(CheckResult(name, path, len(cases), passed, detail))
         if not gpu and spec.gpu is not None:
             results.append(CheckResult(name, "gpu", 0, 0, "skipped: no CUDA GPU here"))
         if progress is not None:
             progress(name, results[done:])
     return results
+
+
+def _reference(spec, x, ops, params):
+    """The CPU reference's result for one case, or the exception it raised.
+
+    The reference defines the expected result; a reference that raises (a kernel registered with
+    a broken ``cpu=``, or ``cases`` that draw parameters it refuses) is a failed case in the
+    table, with the reference's message, not a traceback that stops the check of every kernel.
+    """
+    try:
+        return np.asarray(spec.cpu(x, *ops, **spec.params(x.ndim, params)))
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        return exc
 
 
 def _one_line(exc: BaseException) -> str:

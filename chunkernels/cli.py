@@ -9,20 +9,69 @@ from chunkernels import __version__
 from chunkernels._cli_args import add_cluster_arguments, cluster_from_args
 
 
+#: ``chunkernels list`` fits a terminal this wide.
+LIST_WIDTH = 100
+
+
 def _list(args) -> int:
+    print(_list_table())
+    return 0
+
+
+def _list_table(width: int = LIST_WIDTH) -> str:
+    """The registry as text no wider than ``width`` columns: one row per kernel, its halo rule on
+    the lines below the row (wrapped), since a rule is a sentence and the other columns are words.
+    """
+    import textwrap
+
     from chunkernels._registry import get, registered
 
-    rows = [("name", "kind", "dtypes", "ndim", "halo", "source")]
+    header = ("name", "kind", "ndim", "dtypes (GPU path)", "CUDA source")
+    rows, halos = [], []
     for name in registered():
         s = get(name)
-        src = f"kernels_cuda/{s.source}" if s.source else ("inline" if s.code else "-")
-        rows.append((name, s.kind, ",".join(s.dtypes), s.ndim_text, s.halo_rule, src))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for i, row in enumerate(rows):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-    return 0
+        rows.append((name, s.kind, s.ndim_text, _short_dtypes(s.dtypes),
+                     s.source or ("inline" if s.code else "-")))
+        halos.append(s.halo_rule)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    indent = " " * (widths[0] + 2)
+    lines = ["  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    for row, halo in zip(rows, halos):
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines += textwrap.wrap(f"halo: {halo}", width, initial_indent=indent,
+                               subsequent_indent=indent + "      ", break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+def _short_dtypes(dtypes) -> str:
+    """Dtype names grouped by kind: ``float32/64``, a run of every size as ``int8-64``, signed
+    and unsigned integers of the same sizes as ``(u)int8-64``; ``bool`` and others as they are.
+    """
+    import re
+
+    sizes: dict[str, list[int]] = {}
+    for name in dtypes:
+        kind, bits = re.fullmatch(r"([a-z]+?)(\d*)", name).groups()
+        sizes.setdefault(kind, []).extend([int(bits)] if bits else [])
+
+    def text(kind: str) -> str:
+        bits = sorted(sizes.pop(kind))
+        if not bits:
+            return kind
+        if len(bits) > 2 and all(b * 2 == c for b, c in zip(bits, bits[1:])):
+            return f"{kind}{bits[0]}-{bits[-1]}"
+        return kind + "/".join(map(str, bits))
+
+    parts = []
+    if "bool" in sizes:
+        parts.append(text("bool"))
+    if sorted(sizes.get("int", [None])) == sorted(sizes.get("uint", [])):
+        sizes.pop("uint")
+        parts.append("(u)" + text("int"))
+    parts += [text(kind) for kind in ("int", "uint", "float", "complex") if kind in sizes]
+    parts += [text(kind) for kind in list(sizes)]
+    return ", ".join(parts)
 
 
 def _describe(args) -> int:

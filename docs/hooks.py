@@ -5,8 +5,12 @@
 * ``<!-- kernels -->`` becomes a table of every registered kernel, linking to its page.
 * ``<!-- cli: ARGS -->`` becomes what ``chunkernels ARGS`` prints (``--help`` texts, ``list``),
   as a code block.
-* Every built-in kernel must have a page ``docs/kernels/NAME.md``; a missing one is a warning,
-  which fails ``mkdocs build --strict``.
+* The Kernels section of the navigation is generated: after the entries mkdocs.yml gives it,
+  one page ``kernels/NAME.md`` per built-in kernel module ``chunkernels/kernels/NAME`` (found
+  with pkgutil over the package's folder, not from a list), in alphabetical order. Adding a
+  kernel adds its page to the site; a module without a page is a warning, which fails
+  ``mkdocs build --strict``, and a page without a module is left out of the navigation, which
+  the strict build also refuses.
 
 Loaded through ``hooks: [docs/hooks.py]`` in mkdocs.yml; excluded from the site itself.
 """
@@ -17,6 +21,7 @@ import contextlib
 import io
 import logging
 import os
+import pkgutil
 import posixpath
 import re
 import sys
@@ -27,9 +32,12 @@ if str(ROOT) not in sys.path:  # a checkout that is not installed still document
     sys.path.insert(0, str(ROOT))
 
 import chunkernels  # noqa: E402
-from chunkernels.kernels import builtin_modules  # noqa: E402
 
 log = logging.getLogger("mkdocs.hooks.chunkernels")
+
+#: The built-in kernels' package folder, and the navigation section their pages go into.
+KERNELS_DIR = ROOT / "chunkernels" / "kernels"
+KERNELS_SECTION = "Kernels"
 
 SPEC_MARKER = re.compile(r"<!--\s*spec:\s*([A-Za-z_][A-Za-z0-9_]*)\s*-->")
 KERNELS_MARKER = re.compile(r"<!--\s*kernels\s*-->")
@@ -112,11 +120,38 @@ def cli_output(args: str) -> str:
     return "```text\n$ chunkernels " + " ".join(argv) + "\n" + out.getvalue().rstrip() + "\n```"
 
 
+def kernel_modules() -> list[str]:
+    """The built-in kernel modules (and packages) of ``chunkernels/kernels``, sorted: every public
+    name pkgutil finds in the folder, so that a new module needs no list to be documented."""
+    return sorted(m.name for m in pkgutil.iter_modules([str(KERNELS_DIR)])
+                  if not m.name.startswith("_"))
+
+
+def kernels_nav(nav: list, pages: list[str]) -> list:
+    """``nav`` with ``pages`` (``kernels/NAME.md``, titled ``NAME``) appended to its
+    ``KERNELS_SECTION`` entry, after what mkdocs.yml lists there (the section's index)."""
+    for entry in nav:
+        if isinstance(entry, dict) and KERNELS_SECTION in entry:
+            listed = entry[KERNELS_SECTION]
+            listed = [listed] if isinstance(listed, str) else list(listed or [])
+            entry[KERNELS_SECTION] = listed + [{Path(page).stem: page} for page in pages]
+            return nav
+    raise ValueError(f"mkdocs.yml's nav has no {KERNELS_SECTION!r} section for the kernel pages; "
+                     f"sections: {[next(iter(e)) for e in nav if isinstance(e, dict)]}")
+
+
 def on_files(files, config, **kwargs):
-    for name in builtin_modules():
-        if files.get_file_from_path(f"kernels/{name}.md") is None:
-            log.warning(f"built-in kernel {name!r} has no page docs/kernels/{name}.md "
-                        f"(copy docs/kernels/broadcast_add.md)")
+    pages = []
+    for name in kernel_modules():
+        page = f"kernels/{name}.md"
+        if files.get_file_from_path(page) is None:
+            log.warning(f"built-in kernel module chunkernels/kernels/{name} has no page "
+                        f"docs/{page} (copy docs/kernels/broadcast_add.md)")
+        else:
+            pages.append(page)
+    # MkDocs builds the navigation from config["nav"] right after this event (and reloads
+    # mkdocs.yml for every rebuild of `mkdocs serve`, so the section never grows twice).
+    config["nav"] = kernels_nav(config["nav"], pages)
     return files
 
 

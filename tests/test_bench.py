@@ -237,7 +237,10 @@ def test_outputs_without_matplotlib_or_tqdm(monkeypatch, tmp_path, capsys):
     assert [p.name for p in written] == ["demo.md", "demo.json"]
     data = json.loads((tmp_path / "demo.json").read_text())
     assert data["value"] == 1.5 and data["plots"] == [plot] and "date" in data["environment"]
-    assert (tmp_path / "demo.md").read_text() == "### table\n"
+    versions = bench.versions_line(data["environment"])
+    assert versions.startswith(f"Versions: chunkernels {chunkernels.__version__}, Python ")
+    assert ", NumPy " in versions and ", Dask " in versions and versions.endswith(".")
+    assert (tmp_path / "demo.md").read_text() == f"### table\n\n{versions}\n"
     with bench.Progress(2, "demo") as progress:
         with progress.run("first"):
             progress.note("a note")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 
@@ -12,9 +13,9 @@ from conftest import MOVING_SUM, random_array
 
 import chunkernels
 from chunkernels import __version__
-from chunkernels.cli import main
+from chunkernels.cli import _short_dtypes, main
 
-HEADER = ["name", "kind", "dtypes", "ndim", "halo", "source"]
+HEADER = ["name", "kind", "ndim", "dtypes (GPU path)", "CUDA source"]
 
 
 def run(capsys, *argv):
@@ -24,25 +25,63 @@ def run(capsys, *argv):
     return code, out, err
 
 
+def list_rows(out: str) -> dict[str, tuple[list[str], str]]:
+    """``chunkernels list`` output as {name: (row cells, halo rule)}; the cells split on runs of
+    two or more spaces, the halo rule joined from its wrapped lines."""
+    rows, name = {}, None
+    for line in out.splitlines()[2:]:
+        if line.startswith(" "):
+            cells, halo = rows[name]
+            rows[name] = (cells, " ".join(filter(None, [halo, line.strip()])))
+        else:
+            cells = re.split(r"\s{2,}", line)
+            name = cells[0]
+            rows[name] = (cells, "")
+    return {name: (cells, halo.removeprefix("halo: ")) for name, (cells, halo) in rows.items()}
+
+
 def test_list(capsys):
     code, out, err = run(capsys, "list")
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0].split() == HEADER
+    assert re.split(r"\s{2,}", lines[0]) == HEADER
     assert set(lines[1].replace(" ", "")) == {"-"}
-    rows = {line.split()[0]: line.split() for line in lines[2:]}
-    assert rows["broadcast_add"] == ["broadcast_add", "raw", "float32,float64,int32,int64", "any",
-                                     "0", "kernels_cuda/broadcast_add.cu"]
+    rows = list_rows(out)
+    assert list(rows) == chunkernels.kernels()
+    assert rows["broadcast_add"] == (["broadcast_add", "raw", "any", "int32/64, float32/64",
+                                      "broadcast_add.cu"], "0")
+    assert rows["label"][0][3] == "bool, (u)int8-64, float16-64"
+    assert rows["gaussian_gradient_magnitude"][1] == chunkernels.get(
+        "gaussian_gradient_magnitude").halo_rule  # wrapped, every word kept
     assert all(line == line.rstrip() for line in lines)
+
+
+def test_list_fits_a_100_column_terminal(capsys):
+    _, out, _ = run(capsys, "list")
+    too_wide = [line for line in out.splitlines() if len(line) > 100]
+    assert not too_wide, f"{len(too_wide)} lines wider than 100 columns: {too_wide}"
+
+
+@pytest.mark.parametrize("dtypes, text", [
+    (("float32", "float64", "int32", "int64"), "int32/64, float32/64"),
+    (("float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+      "uint64"), "(u)int8-64, float32/64"),
+    (("bool", "int8", "uint8", "float16", "float32", "float64"), "bool, (u)int8, float16-64"),
+    (("uint8", "uint16", "int32"), "int32, uint8/16"),
+    (("float32", "complex64"), "float32, complex64"),
+    ((), ""),
+])
+def test_list_shortens_dtypes(dtypes, text):
+    assert _short_dtypes(dtypes) == text
 
 
 def test_list_shows_user_kernels(capsys, moving_sum):
     chunkernels.register(name="inline_k", cpu=np.negative, code="__global__ void k() {}")
     _, out, _ = run(capsys, "list")
-    rows = {line.split()[0]: line for line in out.splitlines()[2:]}
-    assert rows["moving_sum"].split() == ["moving_sum", "raw", "float32,float64,int32,int64", ">=1",
-                                          "radius", "(last", "axis)", "-"]
-    assert rows["inline_k"].endswith("inline")
+    rows = list_rows(out)
+    assert rows["moving_sum"] == (["moving_sum", "raw", ">=1", "int32/64, float32/64", "-"],
+                                  "radius (last axis)")
+    assert rows["inline_k"][0][-1] == "inline"
     assert list(rows) == sorted(rows)
 
 
@@ -124,6 +163,29 @@ def test_check_reports_a_kernel_that_depends_on_its_chunking(capsys):
     assert out.rstrip().endswith("0 passed, 1 failed")
 
 
+def test_check_reports_a_reference_that_raises(capsys):
+    """A CPU reference that raises fails its cases in the table; the other kernels still run."""
+
+    def picky(x, *, scale=1.0):
+        if scale < 0:
+            raise ValueError(f"scale must be >= 0, got {scale}")
+        return x * scale
+
+    chunkernels.register(name="picky", cpu=picky,
+                         cases=lambda rng: [(rng.standard_normal((4, 6)), (), {"scale": s})
+                                            for s in (2.0, -1.0)])
+    code, out, err = run(capsys, "check", "picky", "broadcast_add")
+    assert code == 1
+    assert "Traceback" not in out + err
+    row = next(line for line in out.splitlines() if line.startswith("picky"))
+    assert row.split()[:6] == ["picky", "cpu,", "dask", "chunks", "2", "FAIL"]
+    assert ("case 1 (x (4, 6) float64): the CPU reference raised ValueError: scale must be >= 0, "
+            "got -1.0") in row
+    broadcast = next(line for line in out.splitlines() if line.startswith("broadcast_add"))
+    assert broadcast.split()[4:6] == ["10", "pass"]
+    assert out.rstrip().endswith("1 passed, 1 failed")
+
+
 def test_kernel_without_cases_is_skipped(capsys):
     chunkernels.register(name="negate", cpu=np.negative)
     code, out, _ = run(capsys, "check", "negate")
@@ -150,8 +212,8 @@ def test_module_entry_point(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "chunkernels", "list"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].split() == HEADER
-    assert "broadcast_add" in proc.stdout and "kernels_cuda/broadcast_add.cu" in proc.stdout
+    assert re.split(r"\s{2,}", proc.stdout.splitlines()[0]) == HEADER
+    assert "broadcast_add" in proc.stdout and "broadcast_add.cu" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "chunkernels", "describe", "nope"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

@@ -1,4 +1,5 @@
-"""The examples in examples/ (included in the documentation) run and verify their own results.
+"""The examples in examples/ (included in the documentation) and the README's run and verify their
+own results.
 
 Each example runs in a fresh interpreter, as a user would run it: the examples register kernels
 (a second registration in this process would be a duplicate) and the cluster example starts
@@ -7,6 +8,7 @@ CUDA GPU; where there is one they must take the GPU path, and say so.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,15 +20,40 @@ EXAMPLES = ROOT / "examples"
 
 
 def run_example(name: str, *args: str, hide_gpus: bool = False, timeout: float = 300) -> str:
+    return run_python([str(EXAMPLES / name), *args], name, hide_gpus=hide_gpus, timeout=timeout)
+
+
+def run_python(args: list[str], name: str, *, hide_gpus: bool = False,
+               timeout: float = 300) -> str:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     if hide_gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU path, even on a GPU machine
-    proc = subprocess.run([sys.executable, str(EXAMPLES / name), *args], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
     output = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}:\n{output}"
     return output
+
+
+def readme_example(device: str) -> str:
+    """The README's Python block for ``device`` ("CPU": the one that does not import CuPy)."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    gpu = [b for b in blocks if "import cupy" in b]
+    cpu = [b for b in blocks if "import cupy" not in b]
+    assert len(cpu) == 1 and len(gpu) == 1, f"README.md: {len(cpu)} CPU and {len(gpu)} GPU blocks"
+    return (gpu if device == "GPU" else cpu)[0]
+
+
+def test_readme_cpu_example():
+    out = run_python(["-c", readme_example("CPU")], "README's CPU example", hide_gpus=True)
+    assert re.search(r"^CPU: \d+ sources, total flux [\d.]+$", out, re.M), out
+
+
+@pytest.mark.gpu
+def test_readme_gpu_example():
+    out = run_python(["-c", readme_example("GPU")], "README's GPU example")
+    assert re.search(r"^GPU: \d+ sources$", out, re.M), out
 
 
 def test_custom_kernel_example_on_cpu():

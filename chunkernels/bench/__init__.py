@@ -304,6 +304,19 @@ def environment() -> dict:
             "launches": cuda.launch_counts()}
 
 
+#: How the versions line names the libraries of :func:`environment`.
+_LIBRARY_NAMES = {"numpy": "NumPy", "scipy": "SciPy", "dask": "Dask", "cupy": "CuPy",
+                  "dask_cuda": "dask-cuda", "dask_image": "dask-image", "rmm": "RMM"}
+
+
+def versions_line(env: dict) -> str:
+    """``Versions: chunkernels 0.1.0, Python 3.11.7, NumPy 2.4.6, ...`` from :func:`environment`."""
+    versions = dict(env["versions"])
+    parts = [f"chunkernels {versions.pop('chunkernels')}", f"Python {env['python']}"]
+    parts += [f"{_LIBRARY_NAMES.get(k, k)} {v}" for k, v in versions.items()]
+    return f"Versions: {', '.join(parts)}."
+
+
 def write_report(name: str, report: dict, out_dir: Path) -> list[Path]:
     """Write benchmark ``name``'s ``report`` as Markdown, JSON and PNG plots; the paths written.
 
@@ -311,6 +324,8 @@ def write_report(name: str, report: dict, out_dir: Path) -> list[Path]:
     through CuPy, and why), where any were.
     """
     report.setdefault("environment", environment())
+    # The versions close the table, so that a table pasted into docs/benchmarks.md carries them.
+    report["markdown"] = report["markdown"].rstrip() + "\n\n" + versions_line(report["environment"])
     launches = report["environment"]["launches"]
     if launches["driver"] or launches["cupy"]:
         report["markdown"] += "\n\n" + launch_line(launches)
