@@ -364,7 +364,8 @@ def test_reports_say_how_kernels_were_launched(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "demo.json").read_text())["environment"]["launches"] == counts
     line = ("Kernel launches in this process so far: 120 through the driver (chunkernels' "
             "launch), 7 through CuPy (fallbacks: 5 because an old driver).")
-    assert (tmp_path / "demo.md").read_text() == f"### table\n\n{line}\n"
+    versions = bench.versions_line(report["environment"])
+    assert (tmp_path / "demo.md").read_text() == f"### table\n\n{versions}\n\n{line}\n"
     assert report["markdown"].endswith(line)  # printed too
     counts.update(driver=3, cupy=0, fallback_reasons={})
     bench.write_report("demo", {"markdown": "### t"}, tmp_path)
