@@ -25,7 +25,7 @@ from chunkernels._imports import current_client
 #: The install that brings dask-cuda and CuPy, named in errors.
 CUDA_EXTRA = "pip install 'chunkernels[cuda12]'  (or [cuda13])"
 #: The install that brings UCX (NVLink transfers between GPU workers) and RMM, named in errors.
-UCX_EXTRA = "pip install 'chunkernels[ucx-cu12]'  (or [ucx-cu13])"
+UCX_EXTRA = "pip install 'chunkernels[ucx-cu12]'  (or [ucx-cu13]; from a clone: '.[ucx-cu12]')"
 #: Protocols :func:`client` starts local clusters with.
 PROTOCOLS = ("tcp", "ucx", "inproc")
 
