@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
-import gc
 import os
 import re
 import signal
@@ -37,6 +36,7 @@ import scipy.ndimage as ndi
 import chunkernels
 from chunkernels import GPUOutOfMemoryError, cluster
 from chunkernels import ndimage as cnd
+from gpu_pools import limited_pool, pool_used, unlimited_pool
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -199,32 +199,6 @@ def test_a_gpu_worker_killed_mid_demo_pipeline_changes_nothing(gpus, tmp_path, c
 # -- out of device memory in the middle of a graph -------------------------------------------------
 
 
-def _limited_pool(extra: int) -> int:
-    """On a worker: CuPy's allocations go to a new pool capped at ``extra`` bytes; returns the
-    bytes it holds (none). A new pool: the default one's free parts would not meet the cap."""
-    import cupy as cp
-
-    cp.cuda.Device().synchronize()
-    gc.collect()
-    pool = cp.cuda.MemoryPool()
-    pool.set_limit(size=extra)
-    cp.cuda.set_allocator(pool.malloc)
-    return pool.used_bytes()
-
-
-def _pool_used() -> int:
-    from chunkernels._dispatch import pool_in_use
-
-    gc.collect()  # an error's traceback holds the frames of the failed call until collected
-    return pool_in_use().used_bytes()
-
-
-def _unlimited_pool() -> None:
-    import cupy as cp
-
-    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
-
-
 def _warm_up() -> None:
     """Compile the filter and upload its weights before any limit is measured."""
     import cupy as cp
@@ -252,7 +226,7 @@ def test_out_of_memory_in_the_middle_of_a_graph_names_kernel_block_and_fix():
         x = c.persist(_on_gpus(x_np, chunks))
         wait(x, timeout=120)
         c.run(_warm_up)
-        (used,) = c.run(_limited_pool, 12 * MiB).values()
+        (used,) = c.run(limited_pool, 12 * MiB).values()
         try:
             with pytest.raises(GPUOutOfMemoryError) as caught:
                 cnd.gaussian_filter(x, 2).compute()
@@ -263,9 +237,9 @@ def test_out_of_memory_in_the_middle_of_a_graph_names_kernel_block_and_fix():
             assert "x = x.rechunk((1024, 512))" in str(err), text
             assert re.search(r"\(4, 0\)", text), f"the block's index (4, 0) is not named: {text}"
             deadline = time.monotonic() + 60  # the graph's other results are released too
-            while c.run(_pool_used) != {worker: used}:
+            while c.run(pool_used) != {worker: used}:
                 assert time.monotonic() < deadline, f"the failed graph left memory behind: " \
-                                                    f"{c.run(_pool_used)} != {used}"
+                                                    f"{c.run(pool_used)} != {used}"
                 time.sleep(0.1)
             small_np = x_np[:512, :512]
             small = _on_gpus(small_np, 128)
@@ -274,7 +248,7 @@ def test_out_of_memory_in_the_middle_of_a_graph_names_kernel_block_and_fix():
                                        rtol=1e-5, atol=1e-6)
             assert c.run(os.getpid) == {worker: pid}  # the same worker process served both
         finally:
-            c.run(_unlimited_pool)
+            c.run(unlimited_pool)
 
 
 # -- eight threads launching on one GPU ------------------------------------------------------------

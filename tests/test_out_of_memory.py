@@ -7,7 +7,6 @@ exhaust a small limit set on CuPy's memory pool, in this process and on a GPU wo
 
 from __future__ import annotations
 
-import gc
 import os
 
 import dask.array as da
@@ -20,6 +19,7 @@ import chunkernels
 from chunkernels import GPUOutOfMemoryError, cluster
 from chunkernels._dispatch import out_of_memory_message
 from chunkernels.testing import assert_close, random_array
+from gpu_pools import limited_pool, pool_used, unlimited_pool
 
 MiB = 2**20
 H200 = {"id": 1, "name": "NVIDIA H200", "free": 3 * 2**30, "total": 140 * 2**30, "pool_limit": 0}
@@ -80,36 +80,6 @@ def _warm_up() -> None:
     cp.cuda.Device().synchronize()
 
 
-def _limited_pool(extra: int) -> int:
-    """Send CuPy's allocations to a new memory pool capped at ``extra`` bytes (until
-    :func:`_unlimited_pool`); returns the bytes it holds (none).
-
-    A new pool, not the default one capped at what it holds: free parts of the default pool's
-    chunks that something still lives in cannot be given back, and an allocation that fits one
-    of them would not meet the cap (other tests in the process leave such parts)."""
-    import cupy as cp
-
-    cp.cuda.Device().synchronize()
-    gc.collect()
-    pool = cp.cuda.MemoryPool()
-    pool.set_limit(size=extra)
-    cp.cuda.set_allocator(pool.malloc)
-    return pool.used_bytes()
-
-
-def _pool_used() -> int:
-    from chunkernels._dispatch import pool_in_use
-
-    gc.collect()  # an error's traceback holds the frames of the failed call until collected
-    return pool_in_use().used_bytes()
-
-
-def _unlimited_pool() -> None:
-    import cupy as cp
-
-    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
-
-
 OOM_2048 = (r"gaussian_filter: the GPU ran out of memory on a block of shape \(2048, 2048\) "
             r"float32 \(16\.00 MiB; a Dask block includes the kernel's halo, 16 per side along "
             r"axis 0 and 16 per side along axis 1\): OutOfMemoryError: Out of memory allocating "
@@ -124,16 +94,16 @@ def test_out_of_memory_on_a_gpu_then_the_next_call_runs():
     x_np = random_array(np.random.default_rng(0), (2048, 2048), "float32", nonnegative=True)
     x = cp.asarray(x_np)  # 16 MiB; each of gaussian_filter's two passes writes 16 MiB more
     _warm_up()
-    used = _limited_pool(24 * MiB)
+    used = limited_pool(24 * MiB)
     try:
         with pytest.raises(GPUOutOfMemoryError, match="^" + OOM_2048):
             chunkernels.ndimage.gaussian_filter(x, 4)
-        assert _pool_used() == used  # nothing of the failed call is left on the device
+        assert pool_used() == used  # nothing of the failed call is left on the device
         # the same process under the same limit: a quarter of the array fits, and is right
         got = chunkernels.ndimage.gaussian_filter(x[:1024, :1024], 4)
         assert_close(got, ndi.gaussian_filter(x_np[:1024, :1024], 4), rtol=1e-5, atol=1e-5)
     finally:
-        _unlimited_pool()
+        unlimited_pool()
 
 
 @pytest.mark.gpu
@@ -151,15 +121,15 @@ def test_out_of_memory_on_a_gpu_worker_which_keeps_serving():
         x = c.persist(da.from_array(x_np, chunks=2048).map_blocks(cp.asarray, meta=meta))
         wait(x)  # on the device before the pool's use is measured
         c.run(_warm_up)
-        (used,) = c.run(_limited_pool, 24 * MiB).values()
+        (used,) = c.run(limited_pool, 24 * MiB).values()
         with pytest.raises(GPUOutOfMemoryError, match=OOM_2048):
             chunkernels.ndimage.gaussian_filter(x, 4).compute()
-        assert c.run(_pool_used) == {worker: used}  # the failed task left nothing behind
+        assert c.run(pool_used) == {worker: used}  # the failed task left nothing behind
         small = da.from_array(small_np, chunks=128).map_blocks(cp.asarray, meta=meta)
         got = chunkernels.ndimage.gaussian_filter(small, 4).compute()
         assert_close(got, ndi.gaussian_filter(small_np, 4), rtol=1e-5, atol=1e-5)
         assert c.run(os.getpid) == {worker: pid}  # the same worker process served both
-        c.run(_unlimited_pool)
+        c.run(unlimited_pool)
 
 
 @pytest.mark.gpu
@@ -171,7 +141,7 @@ def test_out_of_memory_assembling_a_halo_buffer_names_the_kernel_and_a_rechunk()
     x_np = random_array(np.random.default_rng(2), (2048, 2048), "float32", nonnegative=True)
     x = da.from_array(cp.asarray(x_np), chunks=1024, asarray=False).persist()  # 4 MiB blocks
     _warm_up()
-    used = _limited_pool(2 * MiB)  # less than one block with its halo, 1040 x 1040 float32
+    used = limited_pool(2 * MiB)  # less than one block with its halo, 1040 x 1040 float32
     try:
         with pytest.raises(GPUOutOfMemoryError, match=(
                 r"^gaussian_filter: the GPU ran out of memory on a block of shape \(1040, 1040\) "
@@ -179,8 +149,8 @@ def test_out_of_memory_assembling_a_halo_buffer_names_the_kernel_and_a_rechunk()
                 r"along axis 0 and 16 on one side along axis 1\): OutOfMemoryError: .* e\.g\. x "
                 r"= x\.rechunk\(\(512, 512\)\)")):
             chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
-        assert _pool_used() == used  # nothing of the failed task is left (as above)
+        assert pool_used() == used  # nothing of the failed task is left (as above)
     finally:
-        _unlimited_pool()
+        unlimited_pool()
     got = chunkernels.ndimage.gaussian_filter(x, 4).compute(scheduler="sync")
     assert_close(got, ndi.gaussian_filter(x_np, 4), rtol=1e-5, atol=1e-5)
