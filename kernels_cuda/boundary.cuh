@@ -10,7 +10,7 @@
 //   nearest  (a a a | a b c d | d d d)
 //   wrap     (a b c d | a b c d | a b c d)  period n
 //   constant (k k k | a b c d | k k k)      -1: the caller uses cval
-// The codes follow chunkernels.ndimage._support.MODES.
+// The codes follow chunkernels._shared.filters.MODES.
 #ifndef CHUNKERNELS_BOUNDARY_CUH
 #define CHUNKERNELS_BOUNDARY_CUH
 
