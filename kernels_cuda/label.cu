@@ -127,7 +127,8 @@ __device__ __forceinline__ void label_unite_above(I* parent, const I p, const I 
 // A batch: chunks of one layout (shape and strides, at most 3-D) labelled by one launch of each
 // kernel, as the planes i0 = 0 .. n0 - 1 of one 4-D array; the structure joins nothing along
 // axis 0, so each stays its own. Their parent arrays lie one after another; their sources are
-// passed by value, one pointer per chunk (label_sources; chunkernels.kernels.label._BATCH).
+// passed by value, one pointer per chunk (label_sources;
+// chunkernels.kernels.label._forest._BATCH).
 
 #define LABEL_BATCH 64
 
@@ -366,7 +367,8 @@ __global__ void label_merge_borders(I* parent, const I n0, const I n1, const I n
 
 #define LABEL_SCAN_THREADS 256
 
-// seg is a power of two (chunkernels.kernels.label._ScanPlan): a shift, not a 64-bit division.
+// seg is a power of two (chunkernels.kernels.label._forest._ScanPlan): a shift, not a 64-bit
+// division.
 template <typename T>
 __device__ __forceinline__ T label_scanned(const T* local, const T* offsets, long long seg,
                                            long long i)
@@ -667,11 +669,12 @@ __global__ void label_summary(const I* __restrict__ parent, const I* __restrict_
 }
 
 // -- 7. a block's lookup table, for the chunked relabel -----------------------------------------
-// table[l] for the local labels l = 0..k of one block (chunkernels.kernels.label._table computes
-// the same on the host; the merge there explains the numbering): 0 for the background; for a
-// label merged away (merged[j] == l, merged increasing), its component's label into[j]; else
-// l + shift[i] - j, where i is the line the label is first met on (the first line whose count
-// ends[i] reaches l) and j the number of merged-away labels below l. One thread per label.
+// table[l] for the local labels l = 0..k of one block
+// (chunkernels.kernels.label._host_merge._table computes the same on the host; the merge there
+// explains the numbering): 0 for the background; for a label merged away (merged[j] == l, merged
+// increasing), its component's label into[j]; else l + shift[i] - j, where i is the line the
+// label is first met on (the first line whose count ends[i] reaches l) and j the number of
+// merged-away labels below l. One thread per label.
 
 template <typename T>
 __device__ __forceinline__ long long label_lower_bound(const T* a, long long n, long long v)

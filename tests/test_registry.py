@@ -89,7 +89,8 @@ def test_importing_chunkernels_imports_no_kernel_until_one_is_looked_up():
             "    return sorted(m for m in sys.modules if m.startswith('chunkernels.kernels.'))\n"
             "print(loaded())\n"
             "chunkernels.get('broadcast_add')\n"
-            "print(len(loaded()) == len(chunkernels.kernels.builtin_modules()))\n")
+            "kernels = {m.split('.')[2] for m in loaded()}  # a package's modules count once\n"
+            "print(kernels >= set(chunkernels.kernels.builtin_modules()))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True).stdout.split("\n")
     assert out[:2] == ["[]", "True"]

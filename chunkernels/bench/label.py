@@ -41,6 +41,8 @@ def run(args) -> dict:
 
     from chunkernels import ndimage
     from chunkernels.kernels import label as label_kernel
+    from chunkernels.kernels.label import _forest, _host_merge
+    from chunkernels.kernels.label import _graph as label_graph
 
     cp = cuda.cupy()
     info = device_info()
@@ -114,13 +116,13 @@ def run(args) -> dict:
     del labels, n
     structure = label_kernel.check_structure(None, 2)
     blocks = [dx.blocks[index].compute() for index in np.ndindex(*dx.numblocks)]
-    plan = label_kernel._MergePlan(dx.shape, dx.chunks, structure, np.dtype(np.int32))
-    local = label_kernel._LocalLabels(structure, False)
+    plan = _host_merge._MergePlan(dx.shape, dx.chunks, structure, np.dtype(np.int32))
+    local = label_graph._LocalLabels(structure, False)
 
     def tasks_alone():
-        labelled = label_kernel._label_blocks(plan, local, plan.dtype, blocks)
-        picked = [label_kernel._pick(labelled, b) for b in range(len(blocks))]
-        return picked, label_kernel._count_labelled(labelled, picked)
+        labelled = label_graph._label_blocks(plan, local, plan.dtype, blocks)
+        picked = [label_graph._pick(labelled, b) for b in range(len(blocks))]
+        return picked, label_graph._count_labelled(labelled, picked)
 
     tasks_labels, tasks_n = tasks_alone()
     same(cp.concatenate([cp.concatenate(tasks_labels[i:i + dx.numblocks[1]], axis=1)
@@ -134,7 +136,7 @@ def run(args) -> dict:
     # the merge of that run on its own, from the summaries as the merge task receives them: on
     # the device (where the graph merges them), and copied to the host (the path of NumPy
     # chunks and of blocks spread over several devices)
-    summaries = [label_kernel._local_device(b, structure)[1] for b in blocks]
+    summaries = [_forest._local_device(b, structure)[1] for b in blocks]
     rows.append({"impl": f"(of which: the merge of the {len(blocks)} summaries, on the device)",
                  "wall_s": wall_median(lambda: (label_kernel.merge_device(plan, summaries), sync()),
                                        args.repeat)})
@@ -166,9 +168,9 @@ def run(args) -> dict:
 def _a_task_per_chunk():
     """A context in which CuPy chunks get the graph NumPy chunks get: a task labels each chunk,
     the merge task only merges (see chunkernels.kernels.label.local_shape)."""
-    from chunkernels.kernels import label
+    from chunkernels.kernels.label import _graph as label_graph
 
-    return mock.patch.object(label, "local_shape", lambda xp: "per block")
+    return mock.patch.object(label_graph, "local_shape", lambda xp: "per block")
 
 
 def _same_partition(labels, want, count) -> bool:

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 import chunkernels
 from chunkernels import CPUFallbackWarning, cuda, layout, ndimage
 from chunkernels.kernels import label as label_kernel
+from chunkernels.kernels.label import _device_merge, _forest, _host_merge
+from chunkernels.kernels.label import _graph as label_graph
 from chunkernels.ndimage import LabelError
 from chunkernels.testing import assert_close, chunkings, graph_on_a_cluster, to_device_view
 
@@ -438,7 +440,7 @@ def test_one_task_labels_every_block_when_asked(monkeypatch):
     (their labelling only queues kernels), each chunk's task picking its labels, the count
     last. The same graph on NumPy blocks numbers as SciPy does, for every connectivity, 1-D to
     4-D, uneven chunks and slabs."""
-    monkeypatch.setattr(label_kernel, "local_shape", lambda xp: "one task")
+    monkeypatch.setattr(label_graph, "local_shape", lambda xp: "one task")
     x = da.from_array(np.random.default_rng(12).random((64, 64)) < 0.5, chunks=8).persist()
     labels, count = ndimage.label(x)
     graph = dict(labels.__dask_graph__())
@@ -468,8 +470,8 @@ def _merged(x, s, chunks):
     """The merge of ``x``'s blocks as the graph computes it: per block its local labels and its
     part of the merge, and the number of labels."""
     dx = da.from_array(x, chunks=chunks)
-    local = [label_kernel._local_host(dx.blocks[i].compute(), s) for i in np.ndindex(*dx.numblocks)]
-    plan = label_kernel._MergePlan(x.shape, dx.chunks, s, np.int32)
+    local = [_forest._local_host(dx.blocks[i].compute(), s) for i in np.ndindex(*dx.numblocks)]
+    plan = _host_merge._MergePlan(x.shape, dx.chunks, s, np.int32)
     return dx, local, *label_kernel.merge(plan, [summary for _, summary in local])
 
 
@@ -488,7 +490,7 @@ def test_merge_sends_line_shifts_and_merged_labels_not_a_table(connectivity):
             da.core.slices_from_chunks(dx.chunks), local, parts):
         lines = labels.shape[0]
         assert len(numbering) == lines + 2 * away and k == labels.max()
-        out[where] = label_kernel._table(summary[-lines:], numbering, away, k, np.int32)[labels]
+        out[where] = _host_merge._table(summary[-lines:], numbering, away, k, np.int32)[labels]
     np.testing.assert_array_equal(out, expected)
     assert _merged(x, s, (16, 25))[3] == n  # again, with the grid's layout cached
 
@@ -622,8 +624,8 @@ def test_device_blocks_summarise_like_scipy(shape, connectivity):
     """A CuPy block's local labels and summary (faces, per-line counts) equal the NumPy path's."""
     x = np.random.default_rng(14).random(shape) < 0.45
     s = ndi.generate_binary_structure(len(shape), connectivity)
-    labels, summary = label_kernel._local_device(to_device_view(x), s)
-    want_labels, want_summary = label_kernel._local_host(x, s)
+    labels, summary = _forest._local_device(to_device_view(x), s)
+    want_labels, want_summary = _forest._local_host(x, s)
     assert_close(labels.get().astype(want_labels.dtype), want_labels)
     np.testing.assert_array_equal(summary.get().astype(np.int64), want_summary)
 
@@ -642,9 +644,9 @@ def test_device_table_matches_the_host_table(dtype):
         merged = np.sort(rng.choice(np.arange(1, labels + 1), away, replace=False))
         numbering = np.concatenate([rng.integers(0, 1000, lines), merged,
                                     rng.integers(1, 1000, away)]).astype(np.int64)
-        want = label_kernel._table(ends, numbering, away, labels, dtype)
+        want = _host_merge._table(ends, numbering, away, labels, dtype)
         for index in (np.int32, np.int64):
-            got = label_kernel._table_device(cp.asarray(ends.astype(index)), numbering, away, labels, dtype)
+            got = _device_merge._table_device(cp.asarray(ends.astype(index)), numbering, away, labels, dtype)
             assert got.dtype == want.dtype
             np.testing.assert_array_equal(got.get(), want)
 
@@ -665,13 +667,13 @@ def test_device_merge_numbers_like_scipy_without_leaving_the_device(shape, chunk
     want, n = ndi.label(x, s)
     want = want.astype(dtype)  # bool: every label is True (SciPy refuses bool outputs here)
     dx = da.from_array(cp.asarray(x), chunks=chunks, asarray=False)
-    local = [label_kernel._local_device(dx.blocks[i].compute(), s) for i in np.ndindex(*dx.numblocks)]
-    merged = label_kernel._merge_task(label_kernel._MergePlan(x.shape, dx.chunks, s, np.dtype(dtype)), local)
-    assert isinstance(merged, label_kernel._DeviceNumbering)
-    assert int(label_kernel._count(merged)) == n
+    local = [_forest._local_device(dx.blocks[i].compute(), s) for i in np.ndindex(*dx.numblocks)]
+    merged = label_graph._merge_task(_host_merge._MergePlan(x.shape, dx.chunks, s, np.dtype(dtype)), local)
+    assert isinstance(merged, _device_merge._DeviceNumbering)
+    assert int(label_graph._count(merged)) == n
     out = np.zeros(shape, dtype=dtype)
     for b, where in enumerate(da.core.slices_from_chunks(dx.chunks)):
-        got = label_kernel._relabel(local[b], merged, b, np.dtype(dtype))
+        got = label_graph._relabel(local[b], merged, b, np.dtype(dtype))
         assert cuda.is_cupy_array(got) and got.dtype == dtype
         out[where] = got.get()
     np.testing.assert_array_equal(out, want)
@@ -715,8 +717,8 @@ def test_a_batch_labels_every_block_as_it_would_alone(shape, chunks, connectivit
     dx = da.from_array(data, chunks=chunks, asarray=False)
     blocks = [dx.blocks[i].compute() for i in np.ndindex(*dx.numblocks)]
     if split:
-        monkeypatch.setattr(label_kernel, "_BATCH_PIXELS", 3 * math.prod(chunks))
-    local = label_kernel._LocalLabels(s, True)
+        monkeypatch.setattr(label_graph, "_BATCH_PIXELS", 3 * math.prod(chunks))
+    local = label_graph._LocalLabels(s, True)
     alone = [local(b) for b in blocks]
     together = many_with_local_labels(local, blocks)
     assert len(together) == len(blocks)
@@ -748,14 +750,14 @@ def test_one_task_numbers_like_scipy(shape, chunks, connectivity, dtype, merge, 
     dx = da.from_array(cp.asarray(x), chunks=chunks, asarray=False)
     blocks = [dx.blocks[i].compute() for i in np.ndindex(*dx.numblocks)]
     if merge == "host":
-        monkeypatch.setattr(label_kernel, "_on_one_device", lambda summaries: False)
+        monkeypatch.setattr(label_graph, "_on_one_device", lambda summaries: False)
     if split:
-        monkeypatch.setattr(label_kernel, "_BATCH_PIXELS", 2 * math.prod(chunks))
-    plan = label_kernel._MergePlan(x.shape, dx.chunks, s, np.dtype(dtype))
-    labelled = label_kernel._label_blocks(plan, label_kernel._LocalLabels(s, True), np.dtype(dtype), blocks)
-    assert isinstance(labelled[1], label_kernel._DeviceNumbering) == (merge == "device")
-    got = [label_kernel._pick(labelled, b) for b in range(len(blocks))]
-    assert int(label_kernel._count_labelled(labelled, got)) == n
+        monkeypatch.setattr(label_graph, "_BATCH_PIXELS", 2 * math.prod(chunks))
+    plan = _host_merge._MergePlan(x.shape, dx.chunks, s, np.dtype(dtype))
+    labelled = label_graph._label_blocks(plan, label_graph._LocalLabels(s, True), np.dtype(dtype), blocks)
+    assert isinstance(labelled[1], _device_merge._DeviceNumbering) == (merge == "device")
+    got = [label_graph._pick(labelled, b) for b in range(len(blocks))]
+    assert int(label_graph._count_labelled(labelled, got)) == n
     out = np.zeros(shape, dtype=dtype)
     for b, where in enumerate(da.core.slices_from_chunks(dx.chunks)):
         assert cuda.is_cupy_array(got[b]) and got[b].dtype == dtype
@@ -772,12 +774,12 @@ def test_summaries_lying_end_to_end_are_joined_without_a_copy():
     cp = pytest.importorskip("cupy")
     whole = cp.arange(30, dtype=cp.int32)
     parts = [whole[0:10], whole[10:22], whole[22:30]]
-    joined = label_kernel._joined(parts)
+    joined = _device_merge._joined(parts)
     assert joined.data.ptr == whole.data.ptr and joined.size == 30
     np.testing.assert_array_equal(joined.get(), np.arange(30))
     for others in ([whole[0:10], whole[11:22]], [whole[0:10], cp.arange(10, 22, dtype=cp.int32)],
                    [whole[0:10], whole[10:22].astype(cp.int64)], [whole[0:10], whole[10:30:2]]):
-        got = label_kernel._joined(others)
+        got = _device_merge._joined(others)
         assert got.data.ptr != whole.data.ptr
         np.testing.assert_array_equal(got.get(), np.concatenate([o.get() for o in others]))
 
@@ -792,7 +794,7 @@ def test_a_batch_leaves_out_blocks_it_cannot_take():
     blocks = [cp.asarray(rng.random((20, 30)) < 0.5) for _ in range(3)]
     blocks += [cp.zeros((0, 30), bool), cp.asarray(rng.random((20, 30)) < 0.5, dtype=cp.float16),
                rng.random((20, 30)) < 0.5, cp.asarray(rng.random((30, 20)) < 0.5).T]
-    local = label_kernel._LocalLabels(s, True)
+    local = label_graph._LocalLabels(s, True)
     for (labels, summary), block in zip(many_with_local_labels(local, blocks), blocks):
         want_labels, want_summary = local(block)
         assert type(labels) is type(want_labels)
@@ -808,7 +810,7 @@ def test_device_scan_matches_cumsum(n, dtype):
     """The labels' two-launch scan: local sums plus per-segment offsets give numpy.cumsum."""
     cp = pytest.importorskip("cupy")
     values = np.random.default_rng(n).integers(0, 3, n).astype(dtype)
-    scan = label_kernel._Scan(cp.asarray(values))
+    scan = _forest._Scan(cp.asarray(values))
     local, offsets, seg = (a.get() if hasattr(a, "get") else int(a) for a in scan.args)
     got = local + offsets[np.arange(n) // seg]
     np.testing.assert_array_equal(got, np.cumsum(values))
@@ -821,8 +823,8 @@ def test_summaries_come_back_in_one_copy_per_device():
     rng = np.random.default_rng(21)
     parts = [rng.integers(0, 99, n) for n in (5, 0, 7, 3)]
     mixed = [cp.asarray(parts[0].astype(np.int32)), parts[1], cp.asarray(parts[2]), parts[3]]
-    np.testing.assert_array_equal(label_kernel._host_summaries(mixed), np.concatenate(parts))
-    got = label_kernel._host_summaries([cp.asarray(p) for p in parts])
+    np.testing.assert_array_equal(_host_merge._host_summaries(mixed), np.concatenate(parts))
+    got = _host_merge._host_summaries([cp.asarray(p) for p in parts])
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, np.concatenate(parts))
 
@@ -916,7 +918,7 @@ def label_on_gpu_workers(workers, **cluster_kwargs):
         graph = graph_on_a_cluster(labels)
         assert any(k[0].endswith("-summary") for k in graph)
         merge = next(k for k in graph if k[0].endswith("-merge"))
-        assert isinstance(c.get(graph, merge), label_kernel._DeviceNumbering)  # merged on a worker's GPU
+        assert isinstance(c.get(graph, merge), _device_merge._DeviceNumbering)  # merged on a worker's GPU
         got, k = dask.compute(labels, number)
         assert int(k) == count
         assert cuda.is_cupy_array(got)

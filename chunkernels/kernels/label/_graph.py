@@ -1,0 +1,407 @@
+"""label's Dask graph (:func:`plan`), the tasks it runs (a local labelling per block, one
+merge, a relabel per block, or all three in one task), and :data:`SPEC`, which names the graph
+and whose check of a block the tasks ask before they label it on the GPU.
+
+The top of :mod:`chunkernels.kernels.label`: the spec lives here, beside the graph, because the
+two need each other (the spec's ``dask_graph`` is :func:`dask_graph`; :func:`gpu_takes` and
+:class:`_LocalLabels` ask ``SPEC.check_block``).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+
+import numpy as np
+import scipy.ndimage as ndi
+
+from chunkernels import cuda
+from chunkernels._errors import CPUFallbackWarning, UnsupportedBlockError
+from chunkernels._registry import KernelSpec
+from chunkernels.kernels.label._device_merge import _DeviceNumbering, _table_device, merge_device
+from chunkernels.kernels.label._forest import (
+    _BATCH,
+    _NATIVE,
+    _Forest,
+    _index64,
+    _local_device,
+    _local_host,
+    _supports,
+    dispatch,
+)
+from chunkernels.kernels.label._host_merge import _MergePlan, _table, merge
+from chunkernels.kernels.label._reference import (
+    GPU_DTYPES,
+    MAX_NDIM,
+    _result_dtype,
+    _validate,
+    check_structure,
+    default_dtype,
+    reference,
+)
+
+#: Pixels of the blocks of one batch at most (:meth:`_LocalLabels.many`): a batch's scan of root
+#: flags is as large as its blocks, so the batch stays within what one block's would be under
+#: 2**26.
+_BATCH_PIXELS = 1 << 26
+
+
+def gpu_takes(x, structure, dtype=None, *, strict=False) -> bool:
+    """Whether the CUDA kernels label CuPy array ``x``; if not, raise under ``strict``, else warn
+    that SciPy labels it (a host round trip)."""
+    ok, reason = SPEC.check_block(x, structure=structure, dtype=dtype)
+    if ok:
+        return True
+    if strict:
+        raise UnsupportedBlockError(
+            f"label: the GPU path refuses this array of shape {x.shape}: {reason}. Pass "
+            f"strict=False to label it with SciPy (a host round trip)")
+    warnings.warn(f"label: {reason}; labelling this array of shape {x.shape} with SciPy (copies "
+                  f"it to the host and back)", CPUFallbackWarning, stacklevel=3)
+    return False
+
+
+
+class _LocalLabels:
+    """Task body of step 1: ``block -> (local labels, summary)``; NumPy blocks use SciPy, CuPy
+    blocks the CUDA kernels (or, for blocks they refuse, SciPy with a warning)."""
+
+    def __init__(self, structure, strict):
+        self.structure = structure
+        self.strict = strict
+
+    def __call__(self, block):
+        if not cuda.is_cupy_array(block):
+            return _local_host(np.asarray(block), self.structure)
+        with block.device:
+            if gpu_takes(block, self.structure, strict=self.strict):
+                return _local_device(block, self.structure)
+            labels, summary = _local_host(block.get(), self.structure)
+            return cuda.cupy().asarray(labels), cuda.cupy().asarray(summary)
+
+    def many(self, blocks) -> tuple[list[tuple], list[tuple]]:
+        """``[self(block) for block in blocks]``, CuPy blocks of one layout (device, shape,
+        strides, dtype; at most 3-D) labelled together, a batch (:meth:`_Forest.batch`) taking
+        one launch of each kernel where a block alone would take as many: what a task that
+        labels many blocks costs the host grows with their layouts, not their number.
+
+        Returns ``(results, batches)``. A batch's blocks are left as a forest: their results are
+        ``(None, summary)``, and ``batches`` holds ``(forest, the blocks' indices)`` for
+        :meth:`_DeviceNumbering.relabel_batch`, or :meth:`_Forest.write_summary` for their local
+        labels."""
+        results = [None] * len(blocks)
+        by_layout, takes = {}, {}
+        for i, block in enumerate(blocks):
+            if cuda.is_cupy_array(block) and block.size:
+                key = (block.device.id, block.shape, block.strides, block.dtype)
+                ok = takes.get(key)
+                if ok is None:  # asked once per layout
+                    ok = takes[key] = (block.ndim < MAX_NDIM and block.dtype.name in _NATIVE
+                                       and not _index64(block)
+                                       and SPEC.check_block(block, structure=self.structure)[0])
+                if ok:
+                    by_layout.setdefault(key, []).append(i)
+                    continue
+            results[i] = self(block)  # alone, or on the host (with a warning, or refused)
+        batches = []
+        for key, members in by_layout.items():
+            per_batch = max(1, min(_BATCH, _BATCH_PIXELS // blocks[members[0]].size))
+            for start in range(0, len(members), per_batch):
+                chunk = members[start:start + per_batch]
+                with blocks[chunk[0]].device:
+                    forest = _Forest.batch([blocks[i] for i in chunk], self.structure, False)
+                    for i, summary in zip(chunk, forest.summaries()):
+                        results[i] = (None, summary)
+                batches.append((forest, chunk))
+        return results, batches
+
+    def __dask_tokenize__(self):
+        return ("chunkernels-label-local", self.structure.tobytes(), self.strict)
+
+
+def _on_one_device(summaries) -> bool:
+    """Whether every summary is a CuPy array, all on one device."""
+    devices = {s.device.id if cuda.is_cupy_array(s) else None for s in summaries}
+    return len(devices) == 1 and None not in devices
+
+
+def _summary_of(local):
+    return local[1]
+
+
+def _merge_task(plan, results):
+    """Step 2 from the local results (labels, summary) or the summaries alone."""
+    summaries = [r[1] if isinstance(r, tuple) else r for r in results]
+    if len(plan.shape) <= MAX_NDIM and _on_one_device(summaries):
+        with summaries[0].device:
+            return merge_device(plan, summaries)
+    return merge(plan, summaries)
+
+
+def _relabel(local, merged, b, dtype):
+    """Step 3: block ``b``'s local labels through its lookup table, on the labels' device."""
+    labels, summary = local
+    if isinstance(merged, _DeviceNumbering):
+        with labels.device:
+            return merged.relabel(b, cuda.cupy().ascontiguousarray(labels), dtype)
+    numbering, away, count = merged[0][b]
+    lines = len(numbering) - 2 * away
+    ends = summary[len(summary) - lines:]
+    if cuda.is_cupy_array(labels):
+        cp = cuda.cupy()
+        with labels.device:
+            if cuda.is_cupy_array(summary):
+                table = _table_device(ends, numbering, away, count, dtype)
+            else:  # a block labelled on the host (empty, or refused by the kernels)
+                table = cp.asarray(_table(ends, numbering, away, count, dtype))
+            return cp.take(table, labels)
+    return _table(ends, numbering, away, count, dtype)[labels]
+
+
+def _count(merged):
+    total = merged.total if isinstance(merged, _DeviceNumbering) else merged[1]
+    return np.asarray(int(total), dtype=np.intp)
+
+
+def _label_blocks(plan: _MergePlan, local, dtype, blocks):
+    """Steps 1 to 3 in one task: ``(every block's labels, the merge, the number of labels)``,
+    the number an ``int`` or a :class:`_HostNumber`. Blocks labelled in a batch get their global
+    labels in one pass over the batch when the merge was made on their device; else (blocks on
+    several devices, merged on the host) their local labels are written and relabelled block by
+    block, as the others are."""
+    results, batches = local.many(blocks)
+    merged = _merge_task(plan, results)
+    number = _HostNumber(merged.total) if isinstance(merged, _DeviceNumbering) else merged[1]
+    out = [None] * len(blocks)
+    for forest, members in batches:
+        with forest.parent.device:
+            if isinstance(merged, _DeviceNumbering):
+                for b, labels in zip(members, merged.relabel_batch(forest, members, dtype)):
+                    out[b] = labels
+            else:
+                for b, local_result in zip(members, forest.write_summary()):
+                    results[b] = local_result
+    return [_relabel(r, merged, b, dtype) if out[b] is None else out[b]
+            for b, r in enumerate(results)], merged, number
+
+
+class _HostNumber:
+    """The number of labels (a 0-d device array) on its way to the host: copied to pinned
+    memory without waiting, behind the merge and ahead of the relabelling, so that reading it
+    (``int``) waits for the merge alone, and Dask's work after the count task overlaps the
+    relabelling on the device."""
+
+    __slots__ = ("value", "done")
+
+    def __init__(self, total):
+        import cupyx
+
+        cp = cuda.cupy()
+        self.value = cupyx.empty_pinned((), dtype=total.dtype)
+        with total.device:
+            stream = cp.cuda.get_current_stream()
+            cp.cuda.runtime.memcpyAsync(self.value.ctypes.data, total.data.ptr, total.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+            self.done = cp.cuda.Event(disable_timing=True)
+            self.done.record(stream)
+
+    def __int__(self) -> int:
+        self.done.synchronize()
+        return int(self.value)
+
+
+def _pick(labelled, b):
+    """Block ``b``'s labels from the result of :func:`_label_blocks`."""
+    return labelled[0][b]
+
+
+def _count_labelled(labelled, blocks):
+    """The number of labels from the result of :func:`_label_blocks`. ``blocks`` (the chunks'
+    labels, unused) make the scheduler run it after every pick: reading the number waits for
+    the device (up to the merge), and the picks then need not wait for it."""
+    return np.asarray(int(labelled[2]), dtype=np.intp)
+
+
+def plan(x, structure, dtype=None, *, strict=False):
+    """The labels of Dask array ``x`` and their number, as two lazy Dask arrays sharing one graph.
+
+    The labels have ``x``'s chunks and array type (NumPy or CuPy chunks); the number is a 0-d
+    NumPy-backed array. ``structure`` is checked (:func:`check_structure`); ``dtype`` defaults
+    to :func:`default_dtype` of the whole array. The graph's shape is chosen where it runs
+    (:func:`chunkernels._graph.chosen_array`, :func:`_tasks`).
+    """
+    from chunkernels import _graph
+
+    dtype = default_dtype(x.size) if dtype is None else np.dtype(dtype)
+    xp = cuda.array_module(x)
+    if x.ndim == 0:  # one pixel: label it as a 1-D array of one
+        labels, count = plan(x[None], check_structure(None, 1), dtype, strict=strict)
+        return labels[0], count
+    name = "label-" + _graph.tokenize(x, structure, dtype, strict)
+    source = _graph.BlockSource(x)
+    dependencies = [] if source.held is not None else [x]
+    args = (name, source, x.numblocks, _MergePlan(x.shape, x.chunks, structure, dtype),
+            _LocalLabels(structure, strict), dtype)
+    local = local_shape(xp)
+    labels = _graph.chosen_array(
+        name, local=functools.partial(_tasks, *args, local),
+        cluster=functools.partial(_tasks, *args, "per block, summaries"), chunks=x.chunks,
+        dtype=dtype, meta=_graph.meta(x, dtype), dependencies=dependencies)
+    count_name = f"{name}-count"
+    count = _graph.chosen_array(
+        count_name, local=functools.partial(_count_tasks, name, x.numblocks, local),
+        cluster=functools.partial(_count_tasks, name, x.numblocks, "per block"), chunks=(),
+        dtype=np.intp, meta=np.empty((), dtype=np.intp), dependencies=[labels])
+    return labels, count
+
+
+def local_shape(xp) -> str:
+    """The shape of the label's graph under a local scheduler (:func:`_tasks`): ``"one task"``
+    for CuPy blocks, ``"per block"`` for NumPy blocks (labelled by SciPy, which releases the
+    GIL, in parallel)."""
+    return "one task" if xp is not np else "per block"
+
+
+def _tasks(name, source, numblocks, merge_plan, local, dtype, shape) -> dict:
+    """The label's tasks, in one of three shapes:
+
+    * ``"one task"``: steps 1 to 3 in one task (:func:`_label_blocks`), each chunk's task
+      picking its labels: CuPy blocks under a local scheduler. Their labelling only queues
+      kernels, and blocks of one layout share each launch (a batch, :meth:`_LocalLabels.many`),
+      so a task per block would add Dask's handling of a task, which costs the host more than
+      the launches, once per block and buy no parallelism; the summaries and the merge stay on
+      the device either way;
+    * ``"per block"``: a local labelling per block, one merge, a relabel per block: NumPy blocks
+      under a local scheduler, labelled by SciPy in parallel;
+    * ``"per block, summaries"``: the same, with a task per block that keeps only its summary,
+      so that on a cluster only the summaries travel to the merge's worker, not every chunk's
+      labels.
+    """
+    from chunkernels import _graph
+
+    tasks = _graph.Tasks()
+    merge_key = (f"{name}-merge",)
+    indices = list(np.ndindex(*numblocks))
+    if shape == "one task":
+        merged = tasks.add(merge_key, _label_blocks, merge_plan, local, dtype,
+                           tasks.items(source.arg(index) for index in indices))
+        for b, index in enumerate(indices):
+            tasks.add((name, *index), _pick, merged, b)
+        return tasks.graph
+    locals_ = [tasks.add((f"{name}-local", *index), local, source.arg(index))
+               for index in indices]
+    merged_from = locals_
+    if shape == "per block, summaries":
+        merged_from = [tasks.add((f"{name}-summary", *index), _summary_of, ref)
+                       for index, ref in zip(indices, locals_)]
+    merged = tasks.add(merge_key, _merge_task, merge_plan, tasks.items(merged_from))
+    for b, (index, ref) in enumerate(zip(indices, locals_)):
+        tasks.add((name, *index), _relabel, ref, merged, b, dtype)
+    return tasks.graph
+
+
+def _count_tasks(name, numblocks, shape) -> dict:
+    """The task giving the number of labels, for the labels' tasks of ``shape``
+    (:func:`_tasks`)."""
+    from chunkernels import _graph
+
+    tasks = _graph.Tasks()
+    merged = tasks.ref((f"{name}-merge",))
+    if shape == "one task":
+        picks = tasks.items(tasks.ref((name, *index)) for index in np.ndindex(*numblocks))
+        tasks.add((f"{name}-count",), _count_labelled, merged, picks)
+    else:
+        tasks.add((f"{name}-count",), _count, merged)
+    return tasks.graph
+
+
+def dask_graph(x, *, strict=False, structure, dtype=None):
+    """The labels of a Dask array (:func:`plan`'s first result)."""
+    return plan(x, structure, dtype, strict=strict)[0]
+
+
+# -- chunkernels check --------------------------------------------------------------------------
+
+
+def _cases(rng):
+    """Random binary images for ``chunkernels check``: densities around percolation, every
+    connectivity of 2-D and 3-D, a 1-D line, integer and float data, a negative-stride view."""
+    for density, connectivity in ((0.3, 1), (0.59, 1), (0.45, 2)):
+        x = rng.random((61, 47)) < density
+        yield x, (), {"structure": ndi.generate_binary_structure(2, connectivity)}
+    for connectivity in (1, 2, 3):
+        x = (rng.random((13, 17, 11)) < 0.3).astype(np.uint8)
+        yield x, (), {"structure": ndi.generate_binary_structure(3, connectivity)}
+    yield (rng.random(200) < 0.5).astype(np.float32), (), {"structure": None}
+    base = rng.integers(0, 3, size=(40, 50)).astype(np.int16)
+    yield base[::-2, 3:-4], (), {"structure": np.ones((3, 3), bool), "dtype": "int64"}
+
+
+SPEC = KernelSpec(
+    name="label",
+    summary="connected components of the nonzero pixels under a symmetric 3**ndim structure, "
+            "numbered in raster order of their first pixels; reference scipy.ndimage.label",
+    cpu=reference,
+    gpu=dispatch,
+    kind="raw",
+    source="label.cu",
+    entries=(
+        "label_tiles<bool, int>",
+        "label_tiles<unsigned char, int>",
+        "label_tiles<float, long long>",
+        "label_tiles<double, int>",
+        "label_merge<int>",
+        "label_merge<long long>",
+        "label_merge_borders<int>",
+        "label_merge_borders<long long>",
+        "label_flatten<int>",
+        "label_flatten<long long>",
+        "label_scan<int>",
+        "label_scan<long long>",
+        "label_scan_offsets<int>",
+        "label_scan_offsets<long long>",
+        "label_write<int, int>",
+        "label_write<int, bool>",
+        "label_write<long long, double>",
+        "label_write_summary<int>",
+        "label_write_summary<long long>",
+        "label_table<int, int>",
+        "label_table<int, bool>",
+        "label_table<int, unsigned char>",
+        "label_table<long long, double>",
+        "label_table<long long, long long>",
+        "label_slots<int>",
+        "label_slots<long long>",
+        "label_face_nodes<int>",
+        "label_face_nodes<long long>",
+        "label_face_unite",
+        "label_scan_popc<long long>",
+        "label_face_roots",
+        "label_renumber<int>",
+        "label_renumber<bool>",
+        "label_renumber<long long>",
+        "label_renumber<double>",
+        "label_lookup<int, int>",
+        "label_lookup<int, bool>",
+        "label_lookup<long long, long long>",
+        "label_lookup<int, double>",
+        "label_summary<int>",
+        "label_summary<long long>",
+        "label_renumber_batch<int, int>",
+        "label_renumber_batch<int, bool>",
+        "label_renumber_batch<int, long long>",
+        "label_renumber_batch<int, double>",
+        "label_write_through<int, int>",
+        "label_write_through<int, bool>",
+        "label_write_through<int, long long>",
+        "label_write_through<int, double>",
+    ),
+    dtypes=GPU_DTYPES,
+    ndim=(0, MAX_NDIM),
+    validate=_validate,
+    result_dtype=_result_dtype,
+    supports=_supports,
+    cases=_cases,
+    dask_graph=dask_graph,
+    halo_rule="none (not blockwise: per-chunk labels, one merge of the faces, a relabel)",
+)
