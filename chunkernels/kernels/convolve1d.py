@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import scipy.ndimage as ndi
 
-from chunkernels._registry import KernelSpec
 from chunkernels._shared import filters
 from chunkernels.kernels import correlate1d
 
@@ -37,20 +36,14 @@ def dispatch(x, *, weights, axis, mode, cval, origin, output):
                                 filters.result_dtype(x.dtype, output=output))
 
 
-SPEC = KernelSpec(
+SPEC = correlate1d.separable_spec(
     name="convolve1d",
     summary="1-D convolution along an axis, scipy.ndimage modes; reference scipy.ndimage.convolve1d",
     cpu=reference,
     gpu=dispatch,
-    kind="raw",
-    source="correlate1d.cu",
-    entries=correlate1d.SPEC.entries[:2],
-    dtypes=correlate1d.GPU_DTYPES,
     ndim=(1, None),
     halo=halo,
     halo_rule="len(weights) // 2 + |origin'| along axis (origin' = -origin, minus 1 if even)",
-    boundary=filters.boundary,
-    result_dtype=filters.result_dtype,
     supports=correlate1d.supports,
     validate=correlate1d.validate,
     cases=correlate1d.cases,

@@ -2,9 +2,9 @@
 
 Reference: ``scipy.ndimage.correlate1d``. This module also holds the separable pass that every
 separable filter runs on the GPU (:func:`pass_gpu`: gaussian_filter, uniform_filter, sobel,
-prewitt, laplace, gaussian_laplace, gaussian_gradient_magnitude, convolve1d) and the device-side
-helpers they share. CUDA source:
-``kernels_cuda/correlate1d.cu`` (boundary modes in ``kernels_cuda/boundary.cuh``).
+prewitt, laplace, gaussian_laplace, gaussian_gradient_magnitude, convolve1d), the device-side
+helpers they share, and the fields of their specs they share (:func:`separable_spec`). CUDA
+source: ``kernels_cuda/correlate1d.cu`` (boundary modes in ``kernels_cuda/boundary.cuh``).
 """
 
 from __future__ import annotations
@@ -276,27 +276,42 @@ def cases(rng):
     yield random_array(rng, (40, 30), "uint8", nonnegative=True), (), {"weights": [0.25, 0.5, 0.25], "axis": 1}
 
 
-SPEC = KernelSpec(
+#: Instantiations of the separable pass that CI compiles with nvcc (tests/test_nvcc.py): all of
+#: them for correlate1d, the first two for each other filter made of its passes (the same source).
+PASS_ENTRIES = (
+    "correlate1d_pass<float, float, float, int, true>",
+    "correlate1d_pass<float, float, float, int, false>",
+    "correlate1d_pass<double, double, double, long long, true>",
+    "correlate1d_pass<unsigned char, unsigned char, double, int, false>",
+    "correlate1d_pass<long long, unsigned long long, double, int, true>",
+)
+
+
+def separable_spec(**fields) -> KernelSpec:
+    """The spec of a filter made of :func:`pass_gpu` passes: the fields every such filter shares,
+    and ``fields``, the filter's own (which replace a shared one where given: sobel's boundary,
+    correlate1d's entries).
+
+    Shared: raw kernels from ``correlate1d.cu`` and two of its instantiations for CI to
+    compile, the dtypes the passes read and write, scipy.ndimage's output dtype and the Dask
+    boundary of scipy.ndimage's modes.
+    """
+    shared = {"kind": "raw", "source": "correlate1d.cu", "entries": PASS_ENTRIES[:2],
+              "dtypes": GPU_DTYPES, "boundary": filters.boundary,
+              "result_dtype": filters.result_dtype}
+    return KernelSpec(**{**shared, **fields})
+
+
+SPEC = separable_spec(
     name="correlate1d",
     summary="1-D correlation along an axis, scipy.ndimage modes; reference scipy.ndimage.correlate1d",
     cpu=reference,
     gpu=dispatch,
-    kind="raw",
-    source="correlate1d.cu",
-    entries=(
-        "correlate1d_pass<float, float, float, int, true>",
-        "correlate1d_pass<float, float, float, int, false>",
-        "correlate1d_pass<double, double, double, long long, true>",
-        "correlate1d_pass<unsigned char, unsigned char, double, int, false>",
-        "correlate1d_pass<long long, unsigned long long, double, int, true>",
-    ),
-    dtypes=GPU_DTYPES,
+    entries=PASS_ENTRIES,
     ndim=(1, None),
     halo=halo,
     halo_rule="len(weights) // 2 + |origin| along axis",
-    boundary=filters.boundary,
     stack=filters.stacked_axis,
-    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

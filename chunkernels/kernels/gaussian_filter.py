@@ -12,7 +12,6 @@ import numbers
 import numpy as np
 import scipy.ndimage as ndi
 
-from chunkernels._registry import KernelSpec
 from chunkernels._shared import filters
 from chunkernels._shared.cases import random_array
 from chunkernels._shared.filters import FilterArgumentError
@@ -102,20 +101,14 @@ def cases(rng):
     yield random_array(rng, (33, 34), "uint8", nonnegative=True), (), {"sigma": 1.0}
 
 
-SPEC = KernelSpec(
+SPEC = correlate1d.separable_spec(
     name="gaussian_filter",
     summary="N-D Gaussian filter (orders 0..n per axis), separable; reference scipy.ndimage.gaussian_filter",
     cpu=reference,
     gpu=dispatch,
-    kind="raw",
-    source="correlate1d.cu",
-    entries=correlate1d.SPEC.entries[:2],
-    dtypes=correlate1d.GPU_DTYPES,
     halo=halo,
     halo_rule="radius = int(truncate * sigma + 0.5) per filtered axis",
-    boundary=filters.boundary,
     stack=filters.stacked_axes,
-    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

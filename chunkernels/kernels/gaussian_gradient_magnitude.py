@@ -14,15 +14,13 @@ The GPU runs the same passes (``kernels_cuda/correlate1d.cu``, the terms of
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels import cuda
 from chunkernels._shared import filters
 from chunkernels._shared.cases import random_array
-from chunkernels.kernels import gaussian_laplace
+from chunkernels.kernels import correlate1d, gaussian_filter, gaussian_laplace
 
 
 def reference(x, *, sigma, axes, mode, radius, cval=0.0, truncate=4.0, output=None):
@@ -90,9 +88,9 @@ def cases(rng):
     yield random_array(rng, (24, 25), "int16"), (), {"sigma": 2.0, "output": np.float64}
 
 
-#: gaussian_laplace's spec (GPU support, boundary) with this kernel's parameters and passes
-SPEC = dataclasses.replace(
-    gaussian_laplace.SPEC,
+#: The terms are gaussian_laplace's (its Dask boundary), their passes gaussian_filter's (its GPU
+#: support, and its stacking of blocks)
+SPEC = correlate1d.separable_spec(
     name="gaussian_gradient_magnitude",
     summary="Gradient magnitude with Gaussian derivatives; reference "
             "scipy.ndimage.gaussian_gradient_magnitude",
@@ -101,6 +99,9 @@ SPEC = dataclasses.replace(
     halo=halo,
     halo_rule="radius = int(truncate * sigma + 0.5) along every axis with a sigma (the whole "
               "axis where the modes mix 'wrap' with others)",
+    boundary=gaussian_laplace.terms_boundary,
+    stack=filters.stacked_axes,
+    supports=gaussian_filter.supports,
     validate=validate,
     cases=cases,
 )

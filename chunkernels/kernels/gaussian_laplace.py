@@ -13,8 +13,6 @@ gaussian_gradient_magnitude, which combines the same kind of terms another way.
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import scipy.ndimage as ndi
 
@@ -157,9 +155,8 @@ def cases(rng):
         "sigma": 2.0, "output": np.float32}
 
 
-#: gaussian_filter's spec (its passes' GPU support) with this kernel's parameters and terms
-SPEC = dataclasses.replace(
-    gaussian_filter.SPEC,
+#: The terms' passes are gaussian_filter's: its GPU support (and its stacking of blocks)
+SPEC = correlate1d.separable_spec(
     name="gaussian_laplace",
     summary="Laplace filter with Gaussian second derivatives; reference "
             "scipy.ndimage.gaussian_laplace",
@@ -169,6 +166,8 @@ SPEC = dataclasses.replace(
     halo_rule="radius = int(truncate * sigma + 0.5) per filtered axis (the whole axis where "
               "the modes mix 'wrap' with others)",
     boundary=terms_boundary,
+    stack=filters.stacked_axes,
+    supports=gaussian_filter.supports,
     validate=validate,
     cases=cases,
 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import scipy.ndimage as ndi
 
-from chunkernels._registry import KernelSpec
 from chunkernels._shared import filters
 from chunkernels._shared.cases import random_array
 from chunkernels.kernels import correlate1d
@@ -64,19 +63,13 @@ def cases(rng):
     yield random_array(rng, (30, 31), "int16"), (), {}
 
 
-SPEC = KernelSpec(
+SPEC = correlate1d.separable_spec(
     name="laplace",
     summary="N-D Laplace filter (second differences summed); reference scipy.ndimage.laplace",
     cpu=reference,
     gpu=dispatch,
-    kind="raw",
-    source="correlate1d.cu",
-    entries=correlate1d.SPEC.entries[:2],
-    dtypes=correlate1d.GPU_DTYPES,
     halo=halo,
     halo_rule="1 along each filtered axis",
-    boundary=filters.boundary,
-    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

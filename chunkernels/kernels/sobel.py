@@ -10,7 +10,6 @@ from __future__ import annotations
 import numpy as np
 import scipy.ndimage as ndi
 
-from chunkernels._registry import KernelSpec
 from chunkernels._shared import filters
 from chunkernels._shared.cases import random_array
 from chunkernels.kernels import correlate1d
@@ -76,20 +75,15 @@ def cases(rng):
     yield random_array(rng, (30, 31), "uint8", nonnegative=True), (), {"axis": 1}
 
 
-SPEC = KernelSpec(
+SPEC = correlate1d.separable_spec(
     name="sobel",
     summary="Sobel derivative along an axis, smoothed along the others; reference scipy.ndimage.sobel",
     cpu=reference,
     gpu=dispatch,
-    kind="raw",
-    source="correlate1d.cu",
-    entries=correlate1d.SPEC.entries[:2],
-    dtypes=correlate1d.GPU_DTYPES,
     ndim=(1, None),
     halo=halo,
     halo_rule="1 along every axis",
     boundary=boundary,
-    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,

@@ -13,7 +13,6 @@ import numbers
 import numpy as np
 import scipy.ndimage as ndi
 
-from chunkernels._registry import KernelSpec
 from chunkernels._shared import filters
 from chunkernels._shared.cases import random_array
 from chunkernels._shared.filters import FilterTypeError
@@ -85,20 +84,14 @@ def cases(rng):
     yield random_array(rng, (33, 34), "int32"), (), {"size": 3}
 
 
-SPEC = KernelSpec(
+SPEC = correlate1d.separable_spec(
     name="uniform_filter",
     summary="N-D moving average (size, origin per axis), separable; reference scipy.ndimage.uniform_filter",
     cpu=reference,
     gpu=dispatch,
-    kind="raw",
-    source="correlate1d.cu",
-    entries=correlate1d.SPEC.entries[:2],
-    dtypes=correlate1d.GPU_DTYPES,
     halo=halo,
     halo_rule="size // 2 + |origin| per filtered axis",
-    boundary=filters.boundary,
     stack=filters.stacked_axes,
-    result_dtype=filters.result_dtype,
     supports=supports,
     validate=validate,
     cases=cases,
