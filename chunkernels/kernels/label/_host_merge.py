@@ -1,6 +1,7 @@
 """label's merge on the host (step 2 of a chunked label, for summaries on the host or on
-several devices): the layout of a chunk grid in the joined summaries, the global numbering from
-the summaries' faces and line counts, and each block's lookup table from local to global labels.
+several devices): the layout of a chunk grid in the joined summaries (:class:`_Layout`, which
+the merge on the device reads too), the global numbering from the summaries' faces and line
+counts, and each block's lookup table from local to global labels.
 """
 
 from __future__ import annotations
