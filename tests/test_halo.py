@@ -274,16 +274,14 @@ STACK_CASES = [
      (7, 10)),
     ("correlate1d", {"weights": [1.0, 2.0, 1.0], "axis": -1, "mode": "reflect"}, (9, 30),
      (3, 4)),
-    # Their spec's stack (filters.stacked_axes, as gaussian_filter's) shifts ``axes`` by one but
-    # not ``radius`` nor ``sigma``, which are per axis of the input: the CPU reference refuses
-    # the stack and the GPU's terms filter the wrong axes (the stack axis among them). Their
-    # stack must be None, or shift those too.
-    pytest.param("gaussian_laplace", {"sigma": 1.5, "mode": "wrap"}, (40, 33), (10, 11),
-                 marks=pytest.mark.xfail(raises=RuntimeError, strict=True,
-                                         reason="stacks shift axes only")),
-    pytest.param("gaussian_gradient_magnitude", {"sigma": (1.0, 2.0)}, (40, 33), (10, 11),
-                 marks=pytest.mark.xfail(raises=RuntimeError, strict=True,
-                                         reason="stacks shift axes only")),
+    # their ``sigma`` and ``radius`` are per axis of the input: the stack gains the new axis's
+    ("gaussian_laplace", {"sigma": 1.5, "mode": "wrap"}, (40, 33), (10, 11)),
+    ("gaussian_laplace", {"sigma": (1.0, 2.0), "axes": (1, 0), "mode": ("reflect", "nearest")},
+     (40, 33), (10, 11)),
+    ("gaussian_laplace", {"sigma": (1.0, 0.7), "axes": (2, 0)}, (12, 9, 14), (4, 9, 5)),
+    ("gaussian_gradient_magnitude", {"sigma": (1.0, 2.0)}, (40, 33), (10, 11)),
+    ("gaussian_gradient_magnitude", {"sigma": (1.5, 1.0, 0.5), "axes": (0, 2), "radius": (3, 2, 2)},
+     (12, 9, 14), (4, 9, 5)),
 ]
 
 

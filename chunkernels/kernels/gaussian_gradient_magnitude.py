@@ -41,6 +41,14 @@ def validate(ndim, sigma, mode="reflect", cval=0.0, axes=None, truncate=4.0, rad
             "output": filters.output_dtype(output)}
 
 
+def stacked(params):
+    """The spec's ``stack``: the parameters for blocks stacked along a new leading axis. ``axes``
+    shift by one; ``sigma`` and ``radius``, one per axis of the input, gain the new axis's (0:
+    it is neither smoothed nor differentiated)."""
+    return {**params, "axes": tuple(a + 1 for a in params["axes"]),
+            "sigma": (0.0, *params["sigma"]), "radius": (0, *params["radius"])}
+
+
 def halo(ndim, *, sigma, axes, mode, radius, **params):
     """``radius`` (``int(truncate * sigma + 0.5)`` unless given) along every axis with a sigma
     (filtered or not, as scipy smooths them); the whole axis where the modes mix ``wrap`` with
@@ -100,7 +108,7 @@ SPEC = correlate1d.separable_spec(
     halo_rule="radius = int(truncate * sigma + 0.5) along every axis with a sigma (the whole "
               "axis where the modes mix 'wrap' with others)",
     boundary=gaussian_laplace.terms_boundary,
-    stack=filters.stacked_axes,
+    stack=stacked,
     supports=gaussian_filter.supports,
     validate=validate,
     cases=cases,

@@ -72,6 +72,20 @@ def _full_sigma(ndim, sigma, axes):
     return full
 
 
+def stacked(params):
+    """The spec's ``stack``: the parameters for blocks stacked along a new leading axis.
+
+    ``axes`` shift by one and ``radius``, one per axis of the input, gains the new axis's
+    (unused: it is not filtered). ``sigma`` is per axis of the input where every axis is
+    filtered and per filtered axis otherwise (scipy's rule, :func:`_full_sigma`); once the new
+    axis is not filtered it is read per filtered axis, so it is given so.
+    """
+    axes = params["axes"]
+    full = _full_sigma(len(params["radius"]), params["sigma"], axes)
+    return {**params, "axes": tuple(a + 1 for a in axes), "sigma": tuple(full[a] for a in axes),
+            "radius": (0, *params["radius"])}
+
+
 def terms(sigma, radius, axes, mode, order):
     """``(mode, passes)`` of each term: per filtered axis and its mode, scipy's Gaussian filter of
     derivative ``order`` along that axis and 0 along the others; ``passes`` are its
@@ -166,7 +180,7 @@ SPEC = correlate1d.separable_spec(
     halo_rule="radius = int(truncate * sigma + 0.5) per filtered axis (the whole axis where "
               "the modes mix 'wrap' with others)",
     boundary=terms_boundary,
-    stack=filters.stacked_axes,
+    stack=stacked,
     supports=gaussian_filter.supports,
     validate=validate,
     cases=cases,
