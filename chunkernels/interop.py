@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import warnings
 from typing import Any
 
 import numpy as np
@@ -80,15 +81,18 @@ def to_array(t):
 
 
 def to_tensor(a, device=None):
-    """``a`` (CuPy or NumPy array, or a tuple/list of them) as tensors; other values unchanged.
+    """``a`` (CuPy or NumPy array or NumPy scalar, or a tuple/list of them) as tensors; other
+    values unchanged.
 
     CuPy arrays come back through DLPack (no copy), NumPy arrays through ``torch.from_numpy``
-    (no copy unless the array has negative strides or is read-only). ``device`` moves a result
-    onto it, which copies only when the result is elsewhere.
+    (no copy unless the array has negative strides or is read-only), NumPy scalars as 0-d
+    tensors. ``device`` moves a result onto it, which copies only when the result is elsewhere.
     """
     torch = _torch()
     if isinstance(a, tuple | list):
         return type(a)(to_tensor(v, device) for v in a)
+    if isinstance(a, np.generic):
+        a = np.asarray(a)
     if cuda.is_cupy_array(a):
         out = torch.from_dlpack(a)
     elif isinstance(a, np.ndarray):
@@ -387,7 +391,21 @@ def _returned(result, adapter, given, returns, positions, bound):
 
 
 def _each_array(result, fn):
-    """``fn`` applied to ``result`` if it is an array, else to the arrays of a tuple or list."""
+    """``fn`` applied to ``result`` if it is an array (or a NumPy scalar: a reduction's value),
+    else to the arrays of a tuple or list result."""
     if type(result) in (tuple, list):
-        return type(result)(fn(v) if ArrayKind.of(v) is not None else v for v in result)
-    return fn(result) if ArrayKind.of(result) is not None else result
+        return type(result)(fn(v) if _is_array(v) else v for v in result)
+    return fn(result) if _is_array(result) else result
+
+
+def _is_array(a) -> bool:
+    return ArrayKind.of(a) is not None or isinstance(a, np.generic)
+
+
+def accepts_tensors(*names: str):
+    """Deprecated: the former name of :func:`array_entry`, which now also takes xarray
+    DataArrays and decides the array kind."""
+    warnings.warn("chunkernels.interop.accepts_tensors is deprecated: use array_entry, which "
+                  "takes the same names (and xarray DataArrays too)", DeprecationWarning,
+                  stacklevel=2)
+    return array_entry(*names)

@@ -153,3 +153,14 @@ def test_the_kind_is_asked_once(monkeypatch, call):
     result = call(x)
     assert sum(a is x for a in asked) == 1
     assert isinstance(result, da.Array)
+
+
+def test_accepts_tensors_is_the_deprecated_name_of_array_entry():
+    with pytest.warns(DeprecationWarning, match="use array_entry"):
+        decorate = chunkernels.interop.accepts_tensors("x")
+
+    @decorate
+    def double(x):
+        return x * 2
+
+    np.testing.assert_array_equal(double(np.arange(3)), [0, 2, 4])
