@@ -17,8 +17,9 @@ import numpy as np
 from chunkernels import _graph, _halo, cuda
 from chunkernels._dispatch import finalize, run_block
 from chunkernels._errors import AlignmentError, HaloError
+from chunkernels._kind import ArrayKind
 from chunkernels._registry import KernelSpec, ensure_registered, get
-from chunkernels.interop import accepts_tensors
+from chunkernels.interop import array_entry
 
 
 class BlockFunction:
@@ -140,16 +141,18 @@ def blockwise(kernel: str, *, strict: bool = False, **params: Any) -> BlockFunct
     return BlockFunction(get(kernel), params, strict=strict)
 
 
-@accepts_tensors("x", "operands")
-def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
+# ``kind`` is positional-only: a kernel parameter of that name goes to ``params``
+@array_entry("x", "operands", coerce=False)
+def apply(kind, /, x, kernel: str, *operands, strict: bool = False, align: bool = False,
           allow_rechunk: bool = False, **params: Any):
     """Apply registered kernel ``kernel`` to ``x`` (and its extra array operands).
 
     Parameters
     ----------
     x
-        A Dask array (NumPy or CuPy chunks), a ``numpy.ndarray``, a ``cupy.ndarray`` or a
-        ``torch.Tensor`` (CPU or CUDA; used in place, without a copy: :mod:`chunkernels.interop`).
+        A Dask array (NumPy or CuPy chunks), a ``numpy.ndarray``, a ``cupy.ndarray``, a
+        ``torch.Tensor`` (CPU or CUDA; used in place, without a copy) or an
+        ``xarray.DataArray`` of any of these (:mod:`chunkernels.interop`).
     kernel
         Registered kernel name (``chunkernels.kernels()`` lists them).
     *operands
@@ -170,9 +173,10 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
 
     Returns
     -------
-    dask.array.Array, numpy.ndarray, cupy.ndarray or torch.Tensor
+    dask.array.Array, numpy.ndarray, cupy.ndarray, torch.Tensor or xarray.DataArray
         The same type as ``x``: a lazy Dask array with the right ``meta`` and ``dtype``, or a
-        computed NumPy / CuPy array, or a tensor on ``x``'s device.
+        computed NumPy / CuPy array, or a tensor on ``x``'s device, or a DataArray labelled as
+        ``x`` (a reduction kernel's 0-d result: its plain value).
 
     Raises
     ------
@@ -186,52 +190,61 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
     UnsupportedBlockError
         Under ``strict=True``, a block the GPU path refuses.
     """
+    return apply_kernel(kind, x, kernel, operands, params, strict=strict, align=align,
+                        allow_rechunk=allow_rechunk)
+
+
+def apply_kernel(kind: ArrayKind | None, x, kernel: str, operands=(),
+                 params: Mapping[str, Any] | None = None, *, strict: bool = False,
+                 align: bool = False, allow_rechunk: bool = False):
+    """:func:`apply` for a caller that knows ``x``'s kind: a front end, whose public entry
+    decided it (``None``: ``x`` is no array chunkernels computes on, which is refused).
+    ``operands`` and ``params`` are the kernel's, as a sequence and a mapping."""
     spec = get(kernel)
+    params = params or {}
     if len(operands) != len(spec.operands):
         names = ", ".join(spec.operands) or "none"
         raise TypeError(f"{spec.name} takes {len(spec.operands)} array operand(s) after x "
                         f"({names}); got {len(operands)}")
-    if spec.dask_graph is not None and _graph.is_dask(x):  # not blockwise in x's chunks
-        return spec.dask_graph(x, *operands, strict=strict, **spec.params(x.ndim, params))
-    if _graph.is_dask(x):
-        return _apply_dask(spec, x, operands, params, strict=strict, align=align,
-                           allow_rechunk=allow_rechunk)
-    if not (isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
+    if kind is None:
         raise TypeError(f"apply takes a dask.array.Array, numpy.ndarray or cupy.ndarray; got "
                         f"{type(x).__module__}.{type(x).__name__} (convert it with np.asarray, "
                         f"cupy.asarray or dask.array.from_array)")
+    if kind.dask:
+        if spec.dask_graph is not None:  # not blockwise in x's chunks
+            return spec.dask_graph(x, *operands, strict=strict, **spec.params(x.ndim, params))
+        return _apply_dask(kind, spec, x, operands, params, strict=strict, align=align,
+                           allow_rechunk=allow_rechunk)
     params = spec.params(x.ndim, params)
-    xp = cuda.array_module(x)
-    operands = tuple(_as_array(xp, o, x.dtype) for o in operands)
+    operands = tuple(_as_array(kind, o, x.dtype) for o in operands)
     for name, op in zip(spec.operands, operands):
         _check_shape(spec, name, op, x)
     if spec.kind != "reduction":
         return run_block(spec, x, operands, params, strict=strict)
-    if xp is np:
+    if not kind.gpu:
         return np.asarray(spec.cpu(x, *operands, **params))
     stats = run_block(spec, x, operands, params, strict=strict)
     return finalize(spec, params, (x.dtype, *(o.dtype for o in operands)), [stats])
 
 
-def _apply_dask(spec, x, operands, params, *, strict, align, allow_rechunk):
+def _apply_dask(kind, spec, x, operands, params, *, strict, align, allow_rechunk):
     import dask.array as da
 
     params = spec.params(x.ndim, params)
     fn = BlockFunction(spec, params, strict=strict)
     fn._params[x.ndim] = params = fn.raw_params  # validated, CuPy arrays copied
-    xp = cuda.array_module(x)
     ops = []
     for name, op in zip(spec.operands, operands):
         if not _graph.is_dask(op):
-            op = _as_array(xp, op, x.dtype)
+            op = _as_array(kind.chunks, op, x.dtype)
             _check_shape(spec, name, op, x)
             op = da.from_array(op, chunks=_matching_chunks(op, x), asarray=False)
         ops.append(_aligned(spec, name, op, x, align))
 
     dtype = spec.out_dtype(x.dtype, [o.dtype for o in ops], params)
     if spec.kind == "reduction":
-        return _reduce(fn, spec, params, x, ops, dtype)
-    meta = _graph.meta(x, dtype)
+        return _reduce(kind, fn, spec, params, x, ops, dtype)
+    meta = kind.meta(dtype, x.ndim)
     depth = spec.depth(x.ndim, params)
     # Along an axis of one chunk there are no neighbours: the kernel's own edge mode does it all.
     depth = tuple(0 if len(c) == 1 else d for c, d in zip(x.chunks, depth))
@@ -261,7 +274,7 @@ def overlap(fn, label, x, ops, depth, boundary, dtype, meta, allow_rechunk):
     return _graph.overlap(fn, name, x, ops, depth, boundary, dtype, meta)
 
 
-def _reduce(fn, spec, params, x, ops, dtype):
+def _reduce(kind, fn, spec, params, x, ops, dtype):
     """A reduction over Dask arrays: one partial-statistics task per block, one finalize task.
 
     The result is a lazy 0-d Dask array; its graph grows with the number of blocks only.
@@ -269,7 +282,7 @@ def _reduce(fn, spec, params, x, ops, dtype):
     dtypes = (x.dtype, *(op.dtype for op in ops))
     return _graph.reduce(fn, functools.partial(finalize, spec, params, dtypes),
                          f"{spec.name}-{_graph.tokenize(fn, x, *ops)}", x, ops, chunks=(),
-                         dtype=dtype, meta=_graph.meta(x, dtype, 0))
+                         dtype=dtype, meta=kind.meta(dtype, 0))
 
 
 def _ensure_halo(label, x, ops, depth, allow_rechunk):
@@ -357,10 +370,11 @@ def _aligned(spec, name, op, x, align):
     )
 
 
-def _as_array(xp, value, x_dtype):
-    """An operand as an array of ``x``'s array type; Python scalars keep NumPy's weak typing."""
+def _as_array(kind, value, x_dtype):
+    """An operand as an in-memory array of ``kind`` (NumPy or CuPy); Python scalars keep
+    NumPy's weak typing."""
     if isinstance(value, numbers.Number) and not isinstance(value, np.generic):
-        return xp.asarray(value, dtype=np.result_type(x_dtype, value))
-    if xp is np:
+        return kind.xp.asarray(value, dtype=np.result_type(x_dtype, value))
+    if not kind.gpu:
         return value.get() if cuda.is_cupy_array(value) else np.asarray(value)
-    return xp.asarray(value)
+    return kind.xp.asarray(value)

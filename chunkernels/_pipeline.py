@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from chunkernels import _graph, _halo, cuda
+from chunkernels import _graph, _halo
 from chunkernels._apply import BlockFunction, overlap
 from chunkernels._registry import get
+from chunkernels.interop import array_entry
 
 
 class Pipeline:
@@ -75,13 +76,16 @@ class Pipeline:
             dtype = step.spec.out_dtype(dtype, (), step.params(ndim))
         return dtype
 
-    def apply(self, x, *, allow_rechunk: bool = False):
+    @array_entry("x", coerce=False)
+    def apply(self, kind, x, *, allow_rechunk: bool = False):
         """Run the pipeline on ``x``; the same array type out.
 
         Parameters
         ----------
         x
-            A Dask array (NumPy or CuPy chunks), a ``numpy.ndarray`` or a ``cupy.ndarray``.
+            A Dask array (NumPy or CuPy chunks), a ``numpy.ndarray``, a ``cupy.ndarray``, a
+            ``torch.Tensor`` or an ``xarray.DataArray`` of any of these
+            (:mod:`chunkernels.interop`).
         allow_rechunk
             As in :func:`chunkernels.apply`: make an axis one chunk where the pipeline's total
             halo is not smaller than the array along it, instead of raising
@@ -89,17 +93,17 @@ class Pipeline:
 
         Returns
         -------
-        dask.array.Array, numpy.ndarray or cupy.ndarray
+        dask.array.Array, numpy.ndarray, cupy.ndarray, torch.Tensor or xarray.DataArray
             Equal to applying the steps one after another with :func:`chunkernels.apply`.
         """
-        if not (_graph.is_dask(x) or isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
+        if kind is None:
             raise TypeError(f"a pipeline takes a dask.array.Array, numpy.ndarray or cupy.ndarray; "
                             f"got {type(x).__module__}.{type(x).__name__}")
         run = _Run(self.steps, x.ndim)  # validates every step's parameters for x.ndim
-        if not _graph.is_dask(x):
+        if not kind.dask:
             return run(x)
         dtype = self.dtype(x.dtype, x.ndim)
-        meta = _graph.meta(x, dtype)
+        meta = kind.meta(dtype, x.ndim)
         depth = tuple(0 if len(c) == 1 else d for c, d in zip(x.chunks, self.depth(x.ndim)))
         boundary = self.boundary(x.ndim)
         if not any(depth):

@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from chunkernels import cuda
-from chunkernels._apply import apply
-from chunkernels._graph import is_dask
+from chunkernels._apply import apply, apply_kernel
+from chunkernels._kind import CUPY, ArrayKind
 from chunkernels._registry import get, registered
+from chunkernels.interop import array_entry
 
 
-def mean_squared_error(image0, image1):
+@array_entry("image0", "image1", coerce=False, returns="values")
+def mean_squared_error(kind, image0, image1):
     """Mean squared error between two images of the same shape.
 
     Parameters
     ----------
-    image0, image1 : numpy.ndarray, cupy.ndarray or dask.array.Array
-        Images of any dimensionality and the same shape.
+    image0, image1 : numpy.ndarray, cupy.ndarray, dask.array.Array or xarray.DataArray
+        Images of any dimensionality and the same shape (DataArrays: their data, by
+        position).
 
     Returns
     -------
@@ -40,15 +42,16 @@ def mean_squared_error(image0, image1):
     ValueError
         The shapes differ, or an image is complex.
     """
-    return _metric("mean_squared_error", image0, image1)
+    return _metric(kind, "mean_squared_error", image0, image1)
 
 
-def normalized_root_mse(image_true, image_test, *, normalization="euclidean"):
+@array_entry("image_true", "image_test", coerce=False, returns="values")
+def normalized_root_mse(kind, image_true, image_test, *, normalization="euclidean"):
     """Normalized root mean squared error (NRMSE) between two images.
 
     Parameters
     ----------
-    image_true, image_test : numpy.ndarray, cupy.ndarray or dask.array.Array
+    image_true, image_test : numpy.ndarray, cupy.ndarray, dask.array.Array or xarray.DataArray
         Ground truth and test image, same shape.
     normalization : {'euclidean', 'min-max', 'mean'}
         Denominator: the root mean square of ``image_true``, its range, or its mean
@@ -64,14 +67,15 @@ def normalized_root_mse(image_true, image_test, *, normalization="euclidean"):
     ValueError
         The shapes differ, an image is complex, or ``normalization`` is not supported.
     """
-    return _metric("normalized_root_mse", image_true, image_test, normalization=normalization)
+    return _metric(kind, "normalized_root_mse", image_true, image_test,
+                   normalization=normalization)
 
 
 #: Kernel name -> public function with scikit-image's errors and return types.
 PUBLIC = {"mean_squared_error": mean_squared_error, "normalized_root_mse": normalized_root_mse}
 
 
-def _metric(name, a, b, **params):
+def _metric(kind, name, a, b, **params):
     for image in (a, b):
         if not hasattr(image, "shape") or not hasattr(image, "dtype"):
             raise TypeError(f"{name} takes NumPy, CuPy or Dask arrays; got {type(image).__name__}")
@@ -81,25 +85,29 @@ def _metric(name, a, b, **params):
     from chunkernels.kernels.mean_squared_error import float_type
 
     float_type(a.dtype, b.dtype)  # refuses complex images, as scikit-image does
-    a, b = _same_kind(a, b)
-    result = apply(a, name, b, align=True, **params)
+    kind, a, b = _same_kind(kind, a, b)
+    result = apply_kernel(kind, a, name, (b,), params, align=True)
     if isinstance(result, np.ndarray):
         return np.float64(result)
     return result
 
 
-def _same_kind(a, b):
-    """Both Dask if either is, else both CuPy if either is (the device copy is explicit)."""
-    if is_dask(a) or is_dask(b):
+def _same_kind(kind, a, b):
+    """``(kind, a, b)``: both Dask if either is, else both CuPy if either is (the device copy is
+    explicit). ``kind`` is ``a``'s."""
+    other = ArrayKind.of(b)
+    if other is None or kind is None:
+        return kind, a, b  # not arrays chunkernels computes on: apply refuses them
+    if kind.dask or other.dask:
         import dask.array as da
 
-        a = a if is_dask(a) else da.from_array(a, chunks=b.chunks, asarray=False)
-        b = b if is_dask(b) else da.from_array(b, chunks=a.chunks, asarray=False)
-        return a, b
-    if cuda.is_cupy_array(a) or cuda.is_cupy_array(b):
-        cp = cuda.cupy()
-        return cp.asarray(a), cp.asarray(b)
-    return a, b
+        a = a if kind.dask else da.from_array(a, chunks=b.chunks, asarray=False)
+        b = b if other.dask else da.from_array(b, chunks=a.chunks, asarray=False)
+        return ArrayKind(dask=True, gpu=kind.gpu), a, b
+    if kind.gpu or other.gpu:
+        xp = CUPY.xp
+        return CUPY, xp.asarray(a), xp.asarray(b)
+    return kind, a, b
 
 
 def kernel_for(skimage_name: str):

@@ -1,5 +1,5 @@
-"""scipy.signal's convolve2d on NumPy, CuPy and Dask arrays and PyTorch tensors (the output type
-follows ``in1``).
+"""scipy.signal's convolve2d on NumPy, CuPy and Dask arrays, PyTorch tensors and xarray
+DataArrays (the output type follows ``in1``).
 
 The GPU lesson's convolution ports line for line::
 
@@ -12,24 +12,39 @@ from __future__ import annotations
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels._apply import apply
-from chunkernels._graph import is_dask
+from chunkernels._apply import apply_kernel
 from chunkernels._dispatch import run_block
 from chunkernels._registry import get
 from chunkernels._shared.filters import FilterArgumentError
-from chunkernels.interop import accepts_tensors
+from chunkernels.interop import array_entry
 from chunkernels.kernels import convolve2d as convolve2d_kernel
-from chunkernels.ndimage._filters import as_input
 
 
-@accepts_tensors("in1", "in2")
-def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
+def _positions(arguments, axis, n_in, n_out):
+    """Where the output samples stand in ``in1`` (an xarray DataArray's coordinates follow):
+    'same' is its grid, 'full' extends it by the filter's reach on both sides, 'valid' keeps its
+    inner part; ``None`` where 'valid' swaps the inputs (the result is on ``in2``'s grid)."""
+    m = np.shape(arguments["in2"])
+    mode = arguments["mode"]
+    if mode == "same":
+        return np.arange(n_out)
+    if mode == "full":
+        return np.arange(n_out) - (m[axis] - 1) // 2
+    if all(n >= k for n, k in zip(arguments["in1"].shape, m)):  # 'valid', not swapped
+        return np.arange(n_out) + m[axis] // 2
+    return None
+
+
+@array_entry("in1", "in2", positions=_positions)
+def convolve2d(kind, in1, in2, mode="full", boundary="fill", fillvalue=0):
     """Convolve two 2-D arrays, as ``scipy.signal.convolve2d``.
 
     Parameters
     ----------
-    in1 : numpy.ndarray, cupy.ndarray or dask.array.Array
-        The image. A Dask array is convolved chunk by chunk, with halos from its neighbours.
+    in1 : numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
+        The image. A Dask array is convolved chunk by chunk, with halos from its neighbours. A
+        DataArray gives a DataArray; for 'full' and 'valid', its regular coordinates are
+        extended or cut to the output's samples.
     in2 : array_like
         The filter (NumPy or CuPy), 2-D. CuPy weights stay on the device: the GPU path reads
         them there, without the host round trip (and device synchronisation) of copying them.
@@ -45,7 +60,7 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
 
     Returns
     -------
-    numpy.ndarray, cupy.ndarray or dask.array.Array
+    numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The convolution, in ``numpy.result_type(in1, in2)``, with ``in1``'s array type. Integer
         sums wrap in that type, as scipy's do. Complex inputs are computed by scipy on the CPU
         (CuPy blocks with a ``CPUFallbackWarning``).
@@ -58,7 +73,7 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
         float16), or for ``mode='valid'`` inputs of which neither is at least as large as the
         other in every dimension.
     """
-    x = as_input(in1)
+    x = in1
     spec = get("convolve2d")
     params = spec.params(x.ndim, {"weights": in2, "mode": mode, "boundary": boundary,
                                   "fillvalue": fillvalue})
@@ -72,18 +87,18 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
                 f"For 'valid' mode, one must be at least as large as the other in every "
                 f"dimension: in1 {x.shape}, in2 {weights.shape}")
         # scipy swaps the inputs (convolution commutes): the smaller in1 becomes the filter
-        x, params["weights"] = (_in_type_of(x, _host(weights)),
-                                convolve2d_kernel.validate(2, _host(x))["weights"])
+        x, params["weights"] = (kind.from_host(_host(weights)),
+                                convolve2d_kernel.validate(2, kind.to_host(x))["weights"])
     if x.size == 0 or params["weights"].size == 0:  # scipy's shapes for empty inputs, from scipy
-        return _in_type_of(x, spec.cpu(_host(x), **params))
-    if not is_dask(x):  # the parameters are validated: run it now, without validating again
+        return kind.from_host(spec.cpu(kind.to_host(x), **params))
+    if not kind.dask:  # the parameters are validated: run it now, without validating again
         return run_block(spec, x, (), params)
     if params["mode"] == "same":
-        return apply(x, "convolve2d", allow_rechunk=True, **params)
-    return _chunked_window(x, params, out_dtype)
+        return apply_kernel(kind, x, "convolve2d", params=params, allow_rechunk=True)
+    return _chunked_window(kind, x, params, out_dtype)
 
 
-def _chunked_window(x, params, out_dtype):
+def _chunked_window(kind, x, params, out_dtype):
     """'full' or 'valid' on a Dask array: 'same' on a padded (full) or plain (valid) array,
     sliced to the mode's window; the padding extends the array as ``boundary`` says."""
     import dask.array as da
@@ -104,23 +119,11 @@ def _chunked_window(x, params, out_dtype):
         keep = [n - 2 * (m - 1) + m - 1 for n, m in zip(x.shape, weights.shape)]
     else:
         keep = [n - m + 1 for n, m in zip(x.shape, weights.shape)]
-    same = apply(x, "convolve2d", allow_rechunk=True, **{**params, "mode": "same",
-                                                           "boundary": "fill"})
+    same = apply_kernel(kind, x, "convolve2d", params={**params, "mode": "same",
+                                                       "boundary": "fill"}, allow_rechunk=True)
     return same[tuple(slice(m // 2, m // 2 + k) for m, k in zip(weights.shape, keep))]
 
 
-def _host(x):
-    if is_dask(x):
-        x = x.compute()
-    return x.get() if cuda.is_cupy_array(x) else np.asarray(x)
-
-
-def _in_type_of(x, result):
-    """``result`` (NumPy) as an array of ``x``'s type: CuPy, or one Dask chunk of its kind."""
-    xp = cuda.array_module(x)
-    result = xp.asarray(result)
-    if is_dask(x):
-        import dask.array as da
-
-        return da.from_array(result, chunks=result.shape or (), asarray=False)
-    return result
+def _host(weights):
+    """The filter, NumPy or CuPy as validated, on the host."""
+    return weights.get() if cuda.is_cupy_array(weights) else np.asarray(weights)

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 
 from chunkernels import cuda, metrics
-from chunkernels._imports import imported
+from chunkernels._kind import NUMPY, ArrayKind
 
 #: Set to ``1`` to let the backend take plain NumPy arrays (copied to the GPU).
 NUMPY_ENV = "CHUNKERNELS_SKIMAGE_NUMPY"
@@ -165,23 +165,16 @@ def _gpu_present() -> bool:
 # -- the backend interface ------------------------------------------------------------------------
 
 
-def _array_kind(a: Any) -> str | None:
-    """``"numpy"``, ``"cupy"``, ``"dask-numpy"``, ``"dask-cupy"``, or ``None`` for anything else.
+def _array_kind(a: Any) -> ArrayKind | None:
+    """The :class:`~chunkernels._kind.ArrayKind` of ``a``, or ``None`` for anything else, NumPy
+    subclasses included (a masked array's mask would be dropped).
 
     Answered from types alone: no CuPy or Dask import, no computation.
     """
-    if type(a) is np.ndarray:  # not subclasses: a masked array's mask would be dropped
-        return "numpy"
-    if cuda.is_cupy_array(a):
-        return "cupy"
-    dask_array = imported("dask.array")
-    if dask_array is not None and isinstance(a, dask_array.Array):
-        meta = getattr(a, "_meta", None)
-        if type(meta) is np.ndarray:
-            return "dask-numpy"
-        if cuda.is_cupy_array(meta):
-            return "dask-cupy"
-    return None
+    kind = ArrayKind.of(a)
+    if kind is not None and not kind.gpu and type(a._meta if kind.dask else a) is not np.ndarray:
+        return None
+    return kind
 
 
 def _known_shape(shape: tuple) -> bool:
@@ -240,7 +233,7 @@ def can_has(name: str, *args: Any, **kwargs: Any) -> bool:
     except (TypeError, ValueError):
         return False
 
-    if kinds == {"numpy"}:
+    if kinds == {NUMPY}:
         accepted, min_bytes = numpy_policy()
         gpu_dtypes = {np.dtype(d) for d in spec.dtypes}
         return (accepted and spec.gpu is not None

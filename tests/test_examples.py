@@ -163,6 +163,12 @@ def test_resize_volume_example_on_gpu():
     assert "zoom: verified" in out and "resize: verified" in out
 
 
+def test_xarray_example():
+    pytest.importorskip("xarray")
+    out = run_example("xarray_image.py", hide_gpus=True)
+    assert "lazy" in out and "verified against scipy.ndimage" in out
+
+
 def test_cluster_example_against_a_scheduler_and_workers_started_apart():
     """The multi-machine shape on one host: `dask scheduler` and `dask worker` processes started
     on their own, as on N machines, and the example pointed at the scheduler."""

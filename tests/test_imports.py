@@ -11,6 +11,7 @@ import pytest
 
 from chunkernels import cuda, interop, skimage_backend
 from chunkernels._imports import imported
+from chunkernels._kind import NUMPY
 
 
 def _half_imported(name: str) -> types.ModuleType:
@@ -49,5 +50,5 @@ def test_array_checks_while_cupy_torch_or_dask_are_half_imported(monkeypatch):
     assert cuda.is_cupy_array(x) is False
     assert cuda.array_module(x) is np
     assert interop.is_tensor(x) is False
-    assert skimage_backend._array_kind(x) == "numpy"
+    assert skimage_backend._array_kind(x) == NUMPY
     assert skimage_backend._array_kind([1, 2]) is None

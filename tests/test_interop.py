@@ -73,6 +73,28 @@ def test_apply_takes_tensors():
     np.testing.assert_array_equal(got, x.numpy() + y.numpy())
 
 
+def test_every_front_end_takes_tensors():
+    """Through the one entry, measurements, metrics and sources take tensors too; values come
+    back as tensors (NumPy scalars as 0-d tensors, as the metrics returned them before)."""
+    from chunkernels import metrics, sources
+
+    x = torch.rand(12, 10, dtype=torch.float64)
+    labels, count = ndimage.label(x > 0.6)
+    assert isinstance(labels, torch.Tensor) and isinstance(count, int)
+    index = torch.arange(1, count + 1)
+    sums = ndimage.sum_labels(x, labels, index)
+    assert isinstance(sums, torch.Tensor)
+    np.testing.assert_allclose(sums.numpy(), ndi.sum_labels(x.numpy(), labels.numpy(),
+                                                            index.numpy()))
+    mse = metrics.mean_squared_error(x, x * 0)
+    assert isinstance(mse, torch.Tensor) and mse.ndim == 0
+    assert abs(mse.item() - float((x.numpy() ** 2).mean())) < 1e-12
+    assert isinstance(sources.threshold(x, 0.5), torch.Tensor)
+    stats, mask = sources.kappa_sigma_clip(x, return_mask=True)
+    assert isinstance(stats, sources.ClipResult) and isinstance(mask, torch.Tensor)
+    assert isinstance(interop.to_tensor(np.float32(2.5)), torch.Tensor)
+
+
 def test_output_tensor_is_filled_and_returned():
     x = torch.rand(6, 7, dtype=torch.float64)
     out = torch.zeros(12, 14, dtype=torch.float32)

@@ -35,7 +35,7 @@ FACE = "chunkernels"
 LAYERS = (
     ("0 base", ("_errors", "_cache", "_imports")),
     ("1 registry", ("_registry",)),
-    ("2 launch", ("cuda", "layout", "_dispatch", "interop")),
+    ("2 launch", ("cuda", "layout", "_dispatch", "interop", "_kind", "_xarray")),
     ("2s shared parameters", ("_shared",)),
     ("3 graph", ("cluster", "_halo", "_graph", "_apply", "_pipeline")),
     ("4 kernels", ("kernels",)),

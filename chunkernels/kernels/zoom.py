@@ -162,9 +162,7 @@ def axis_taps(positions, n_in: int, scale: float, *, order: int, mode: str, grid
         of an output that is ``cval`` outright (outside the input under ``'constant'``).
     weights : numpy.ndarray of float64, shape (n, order + 1)
     """
-    cc = np.asarray(positions, dtype=np.float64)
-    cc = (cc + 0.5) * scale - 0.5 if grid_mode else cc * scale
-    cc = cc + npad
+    cc = input_positions(positions, scale, grid_mode) + npad
     if mode not in PREPADDED:
         cc = map_coordinate(cc, n_in, mode)
     outside = ~(cc > -1.0) if mode not in PREPADDED else np.zeros(cc.shape, bool)
@@ -183,6 +181,15 @@ def axis_taps(positions, n_in: int, scale: float, *, order: int, mode: str, grid
         taps[outside] = OUTSIDE
         weights[outside] = 0.0
     return taps, weights
+
+
+def input_positions(positions, scale: float, grid_mode: bool) -> np.ndarray:
+    """Where output ``positions`` along one axis stand in the input, in (fractional) input
+    indices: SciPy's mapping of a zoom with input distance ``scale`` per output step
+    (:func:`zoom_scales`), the first and last samples' centres (or, in ``grid_mode``, the
+    pixels' outer edges) mapped onto each other."""
+    cc = np.asarray(positions, dtype=np.float64)
+    return (cc + 0.5) * scale - 0.5 if grid_mode else cc * scale
 
 
 def zoom_scales(in_shape, out_shape, grid_mode: bool) -> tuple[float, ...]:

@@ -1,5 +1,5 @@
-"""scipy.ndimage's functions on NumPy, CuPy and Dask arrays and PyTorch tensors (the output type
-follows the input; Dask arrays are processed chunk by chunk).
+"""scipy.ndimage's functions on NumPy, CuPy and Dask arrays, PyTorch tensors and xarray
+DataArrays (the output type follows the input; Dask arrays are processed chunk by chunk).
 
 >>> import numpy as np, dask.array as da
 >>> from chunkernels import ndimage

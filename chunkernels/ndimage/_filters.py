@@ -14,16 +14,16 @@ import numbers
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels._apply import apply
+from chunkernels._apply import apply_kernel
 from chunkernels._graph import is_dask
 from chunkernels._shared import filters
 from chunkernels._shared.filters import (FilterArgumentError, FilterTypeError,
                                          FilterZeroDivisionError)
-from chunkernels.interop import accepts_tensors
+from chunkernels.interop import array_entry
 
 
-@accepts_tensors("input", "output")
-def correlate1d(input, weights, axis=-1, output=None, mode="reflect", cval=0.0, origin=0):
+@array_entry("input", "output")
+def correlate1d(kind, input, weights, axis=-1, output=None, mode="reflect", cval=0.0, origin=0):
     """Calculate a 1-D correlation along the given axis.
 
     Parameters
@@ -55,12 +55,12 @@ def correlate1d(input, weights, axis=-1, output=None, mode="reflect", cval=0.0, 
     FilterArgumentError
         Empty or non-1-D weights, an unknown mode, an origin out of range, an axis out of range.
     """
-    return _filter("correlate1d", input, output, weights=weights, axis=axis, mode=mode, cval=cval,
-                   origin=origin)
+    return _filter(kind, "correlate1d", input, output, weights=weights, axis=axis, mode=mode,
+                   cval=cval, origin=origin)
 
 
-@accepts_tensors("input", "output")
-def convolve1d(input, weights, axis=-1, output=None, mode="reflect", cval=0.0, origin=0):
+@array_entry("input", "output")
+def convolve1d(kind, input, weights, axis=-1, output=None, mode="reflect", cval=0.0, origin=0):
     """Calculate a 1-D convolution along the given axis.
 
     Parameters are those of :func:`correlate1d`; the weights are applied reversed (convolution),
@@ -71,12 +71,12 @@ def convolve1d(input, weights, axis=-1, output=None, mode="reflect", cval=0.0, o
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The convolution, with the input's shape and type.
     """
-    return _filter("convolve1d", input, output, weights=weights, axis=axis, mode=mode, cval=cval,
-                   origin=origin)
+    return _filter(kind, "convolve1d", input, output, weights=weights, axis=axis, mode=mode,
+                   cval=cval, origin=origin)
 
 
-@accepts_tensors("input", "output")
-def correlate(input, weights, output=None, mode="reflect", cval=0.0, origin=0, *, axes=None):
+@array_entry("input", "output")
+def correlate(kind, input, weights, output=None, mode="reflect", cval=0.0, origin=0, *, axes=None):
     """Multidimensional correlation.
 
     Parameters
@@ -101,12 +101,12 @@ def correlate(input, weights, output=None, mode="reflect", cval=0.0, origin=0, *
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The correlation, with the input's shape and type.
     """
-    return _filter("correlate", input, output, weights=weights, mode=mode, cval=cval,
+    return _filter(kind, "correlate", input, output, weights=weights, mode=mode, cval=cval,
                    origin=origin, axes=axes)
 
 
-@accepts_tensors("input", "output")
-def convolve(input, weights, output=None, mode="reflect", cval=0.0, origin=0, *, axes=None):
+@array_entry("input", "output")
+def convolve(kind, input, weights, output=None, mode="reflect", cval=0.0, origin=0, *, axes=None):
     """Multidimensional convolution.
 
     Parameters are those of :func:`correlate`; the weights are applied reversed along every axis
@@ -117,12 +117,12 @@ def convolve(input, weights, output=None, mode="reflect", cval=0.0, origin=0, *,
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The convolution, with the input's shape and type.
     """
-    return _filter("convolve", input, output, weights=weights, mode=mode, cval=cval,
+    return _filter(kind, "convolve", input, output, weights=weights, mode=mode, cval=cval,
                    origin=origin, axes=axes)
 
 
-@accepts_tensors("input", "output")
-def gaussian_filter1d(input, sigma, axis=-1, order=0, output=None, mode="reflect", cval=0.0,
+@array_entry("input", "output")
+def gaussian_filter1d(kind, input, sigma, axis=-1, order=0, output=None, mode="reflect", cval=0.0,
                       truncate=4.0, *, radius=None):
     """1-D Gaussian filter.
 
@@ -169,14 +169,14 @@ def gaussian_filter1d(input, sigma, axis=-1, order=0, output=None, mode="reflect
                                   f"gaussian_filter1d takes one radius, an int >= 0")
     # scipy's gaussian_filter1d is a correlate1d, which makes a real output dtype complex for
     # complex data (gaussian_filter refuses it)
-    return _filter("gaussian_filter", input, output, promotes=True, sigma=sigma, order=order,
+    return _filter(kind, "gaussian_filter", input, output, promotes=True, sigma=sigma, order=order,
                    mode=filters.canonical_mode(mode), cval=cval, truncate=truncate, radius=radius,
                    axes=(axis,))
 
 
-@accepts_tensors("input", "output")
-def gaussian_filter(input, sigma, order=0, output=None, mode="reflect", cval=0.0, truncate=4.0,
-                    *, radius=None, axes=None):
+@array_entry("input", "output")
+def gaussian_filter(kind, input, sigma, order=0, output=None, mode="reflect", cval=0.0,
+                    truncate=4.0, *, radius=None, axes=None):
     """Multidimensional Gaussian filter.
 
     Parameters
@@ -207,12 +207,12 @@ def gaussian_filter(input, sigma, order=0, output=None, mode="reflect", cval=0.0
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The filtered array, with the input's shape and type.
     """
-    return _filter("gaussian_filter", input, output, sigma=sigma, order=order, mode=mode,
+    return _filter(kind, "gaussian_filter", input, output, sigma=sigma, order=order, mode=mode,
                    cval=cval, truncate=truncate, radius=radius, axes=axes)
 
 
-@accepts_tensors("input", "output")
-def uniform_filter1d(input, size, axis=-1, output=None, mode="reflect", cval=0.0, origin=0):
+@array_entry("input", "output")
+def uniform_filter1d(kind, input, size, axis=-1, output=None, mode="reflect", cval=0.0, origin=0):
     """1-D uniform (moving average) filter along the given axis.
 
     Parameters
@@ -241,12 +241,14 @@ def uniform_filter1d(input, size, axis=-1, output=None, mode="reflect", cval=0.0
     size = filters.as_int(size, "size")
     if size < 1:
         raise FilterArgumentError(f"incorrect filter size: size={size!r}; it must be at least 1")
-    return _filter("uniform_filter", input, output, size=size, mode=filters.canonical_mode(mode),
-                   cval=cval, origin=filters.check_origin(origin, size, "size"), axes=(axis,))
+    return _filter(kind, "uniform_filter", input, output, size=size,
+                   mode=filters.canonical_mode(mode), cval=cval,
+                   origin=filters.check_origin(origin, size, "size"), axes=(axis,))
 
 
-@accepts_tensors("input", "output")
-def uniform_filter(input, size=3, output=None, mode="reflect", cval=0.0, origin=0, *, axes=None):
+@array_entry("input", "output")
+def uniform_filter(kind, input, size=3, output=None, mode="reflect", cval=0.0, origin=0, *,
+                   axes=None):
     """Multidimensional uniform (moving average) filter.
 
     Parameters
@@ -271,12 +273,12 @@ def uniform_filter(input, size=3, output=None, mode="reflect", cval=0.0, origin=
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The filtered array, with the input's shape and type.
     """
-    return _filter("uniform_filter", input, output, size=size, mode=mode, cval=cval,
+    return _filter(kind, "uniform_filter", input, output, size=size, mode=mode, cval=cval,
                    origin=origin, axes=axes)
 
 
-@accepts_tensors("input", "output")
-def sobel(input, axis=-1, output=None, mode="reflect", cval=0.0):
+@array_entry("input", "output")
+def sobel(kind, input, axis=-1, output=None, mode="reflect", cval=0.0):
     """Sobel filter: the derivative along ``axis``, smoothed along the other axes.
 
     Parameters
@@ -297,11 +299,11 @@ def sobel(input, axis=-1, output=None, mode="reflect", cval=0.0):
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The filtered array, with the input's shape and type.
     """
-    return _filter("sobel", input, output, axis=axis, mode=mode, cval=cval)
+    return _filter(kind, "sobel", input, output, axis=axis, mode=mode, cval=cval)
 
 
-@accepts_tensors("input", "output")
-def laplace(input, output=None, mode="reflect", cval=0.0, *, axes=None):
+@array_entry("input", "output")
+def laplace(kind, input, output=None, mode="reflect", cval=0.0, *, axes=None):
     """N-D Laplace filter based on approximate second derivatives.
 
     Parameters
@@ -322,11 +324,11 @@ def laplace(input, output=None, mode="reflect", cval=0.0, *, axes=None):
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The filtered array, with the input's shape and type.
     """
-    return _filter("laplace", input, output, mode=mode, cval=cval, axes=axes)
+    return _filter(kind, "laplace", input, output, mode=mode, cval=cval, axes=axes)
 
 
-@accepts_tensors("input", "output")
-def prewitt(input, axis=-1, output=None, mode="reflect", cval=0.0):
+@array_entry("input", "output")
+def prewitt(kind, input, axis=-1, output=None, mode="reflect", cval=0.0):
     """Prewitt filter: the derivative along ``axis``, box-smoothed along the other axes.
 
     Parameters are those of :func:`sobel`: ``[-1, 0, 1]`` along ``axis``, then ``[1, 1, 1]``
@@ -338,11 +340,11 @@ def prewitt(input, axis=-1, output=None, mode="reflect", cval=0.0):
     numpy.ndarray, cupy.ndarray or dask.array.Array
         The filtered array, with the input's shape and type.
     """
-    return _filter("prewitt", input, output, axis=axis, mode=mode, cval=cval)
+    return _filter(kind, "prewitt", input, output, axis=axis, mode=mode, cval=cval)
 
 
-@accepts_tensors("input", "output")
-def gaussian_laplace(input, sigma, output=None, mode="reflect", cval=0.0, *, axes=None,
+@array_entry("input", "output")
+def gaussian_laplace(kind, input, sigma, output=None, mode="reflect", cval=0.0, *, axes=None,
                      truncate=4.0, radius=None):
     """Multidimensional Laplace filter using Gaussian second derivatives.
 
@@ -385,12 +387,12 @@ def gaussian_laplace(input, sigma, output=None, mode="reflect", cval=0.0, *, axe
     block's edge would need a halo both wrapped around the array and not: those axes are made
     one chunk first.
     """
-    return _filter("gaussian_laplace", input, output, sigma=sigma, mode=mode, cval=cval,
+    return _filter(kind, "gaussian_laplace", input, output, sigma=sigma, mode=mode, cval=cval,
                    axes=axes, truncate=truncate, radius=radius)
 
 
-@accepts_tensors("input", "output")
-def gaussian_gradient_magnitude(input, sigma, output=None, mode="reflect", cval=0.0, *,
+@array_entry("input", "output")
+def gaussian_gradient_magnitude(kind, input, sigma, output=None, mode="reflect", cval=0.0, *,
                                 axes=None, truncate=4.0, radius=None):
     """Multidimensional gradient magnitude using Gaussian derivatives.
 
@@ -413,7 +415,7 @@ def gaussian_gradient_magnitude(input, sigma, output=None, mode="reflect", cval=
     On a Dask array the halo along each axis is its radius. Where the modes mix ``'wrap'`` with
     others those axes are made one chunk first, as for :func:`gaussian_laplace`.
     """
-    return _filter("gaussian_gradient_magnitude", input, output, sigma=sigma, mode=mode,
+    return _filter(kind, "gaussian_gradient_magnitude", input, output, sigma=sigma, mode=mode,
                    cval=cval, axes=axes, truncate=truncate, radius=radius)
 
 
@@ -430,15 +432,15 @@ def as_input(input):
 _PROMOTING = frozenset({"correlate1d", "convolve1d", "correlate", "convolve", "uniform_filter"})
 
 
-def _filter(kernel, input, output, *, promotes=None, **params):
-    """Run filter ``kernel`` on ``input``, into ``output`` when it is an array (scipy's rules).
+def _filter(kind, kernel, x, output, *, promotes=None, **params):
+    """Run filter ``kernel`` on ``x`` (of ``kind``), into ``output`` when it is an array
+    (scipy's rules).
 
     ``promotes``: whether a real output dtype becomes complex for complex data (default: as
     scipy's function of that name does it, :data:`_PROMOTING`).
     """
-    x = as_input(input)
     filters.check_dtype(x.dtype)
-    if is_dask(x) and filters.is_array(output):
+    if kind.dask and filters.is_array(output):
         raise TypeError(f"output= cannot be an array for a Dask input (the result is lazy); "
                         f"pass a dtype, e.g. output={output.dtype.name!r}")
     weights = params.get("weights")
@@ -451,10 +453,10 @@ def _filter(kernel, input, output, *, promotes=None, **params):
     dtype, target = filters.resolve_output(output, x, complex_weights=complex_weights,
                                            promotes=kernel in _PROMOTING if promotes is None else
                                            promotes)
-    if target is not None and cuda.is_cupy_array(target) != cuda.is_cupy_array(x):
+    if target is not None and cuda.is_cupy_array(target) != kind.gpu:
         raise TypeError(f"output is a {type(target).__module__} array and the input a "
                         f"{type(x).__module__} one; give an output on the input's device")
-    result = apply(x, kernel, allow_rechunk=True, output=dtype, **params)
+    result = apply_kernel(kind, x, kernel, params={**params, "output": dtype}, allow_rechunk=True)
     if target is None:
         return result
     target[...] = result

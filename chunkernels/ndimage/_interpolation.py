@@ -18,14 +18,14 @@ import numpy as np
 from numpy.lib.array_utils import normalize_axis_index
 
 from chunkernels import cuda
-from chunkernels._apply import apply
+from chunkernels._apply import apply_kernel
 from chunkernels._graph import is_dask
 from chunkernels._shared.filters import check_dtype, check_writable
 from chunkernels._shared.interpolation import (PREPAD, PREPADDED, InterpolationError, check_mode,
                                                check_order)
-from chunkernels.interop import accepts_tensors
+from chunkernels.interop import array_entry
 from chunkernels.kernels.spline_filter import depth
-from chunkernels.kernels.zoom import default_chunks, zoom_tables
+from chunkernels.kernels.zoom import default_chunks, input_positions, zoom_scales, zoom_tables
 
 
 def _sequence(value, ndim, what) -> tuple:
@@ -41,11 +41,6 @@ def _sequence(value, ndim, what) -> tuple:
 # -- public functions ---------------------------------------------------------------------------
 
 
-def _as_array(a):
-    """``a`` as NumPy, CuPy or Dask array (lists and scalars become NumPy arrays)."""
-    return a if is_dask(a) or cuda.is_cupy_array(a) or isinstance(a, np.ndarray) else np.asarray(a)
-
-
 def _check_dtype(dtype, what):
     """``dtype`` if SciPy's interpolation reads and writes it (not float16, nor long double), or
     :class:`InterpolationError`, as SciPy's C code raises for those."""
@@ -53,7 +48,7 @@ def _check_dtype(dtype, what):
                        takes="scipy.ndimage interpolates")
 
 
-def _output(output, x, shape):
+def _output(kind, output, x, shape):
     """``(dtype, array to fill or None)`` from SciPy's ``output`` argument (``_get_output``):
     the input's and the output's dtypes checked, a real dtype promoted to complex (with a
     warning) for complex data, except where given as a string, which SciPy refuses."""
@@ -62,7 +57,7 @@ def _output(output, x, shape):
     if output is None:
         return x.dtype, None
     if not isinstance(output, type | np.dtype | str) and hasattr(output, "shape"):
-        if is_dask(x) or is_dask(output):
+        if kind.dask or is_dask(output):
             raise TypeError("output arrays are not supported for Dask arrays: pass a dtype "
                             "(output=numpy.float32) and store the lazy result where you want it")
         check_writable(output, InterpolationError)
@@ -72,7 +67,7 @@ def _output(output, x, shape):
         if complex_input and output.dtype.kind != "c":
             raise InterpolationError(f"output must have complex dtype: the input is "
                                      f"{x.dtype}, output is {output.dtype}")
-        if cuda.is_cupy_array(output) != cuda.is_cupy_array(x):
+        if cuda.is_cupy_array(output) != kind.gpu:
             raise TypeError(f"output is a {type(output).__module__} array but the input a "
                             f"{type(x).__module__} one; pass an output on the input's device")
         return _check_dtype(output.dtype, "output"), output
@@ -96,18 +91,18 @@ def _store(result, out):
     return out
 
 
-def _coefficient_dtype(x, dtype) -> np.dtype:
+def _coefficient_dtype(kind, x, dtype) -> np.dtype:
     """SciPy interpolates from float64 coefficients; on the GPU, float32 data zoomed into float32
     keeps float32 ones (half the memory traffic; within 1e-5 of SciPy for data in [0, 1]). Any
     other output (float64, integers rounded to the nearest) gets float64 ones."""
     if x.dtype.kind == "c":
         return np.dtype(np.complex128)
-    if x.dtype == np.float32 and dtype == np.float32 and cuda.array_module(x) is not np:
+    if x.dtype == np.float32 and dtype == np.float32 and kind.gpu:
         return np.dtype(np.float32)
     return np.dtype(np.float64)
 
 
-def _prepad(x, mode, cval):
+def _prepad(kind, x, mode, cval):
     """SciPy's ``_prepad_for_spline_filter``: ``PREPAD`` samples of edge values or cval on every
     side, for the modes whose exact spline extension SciPy does not implement. A Dask array keeps
     its chunks, the padding added to the edge chunks by the edge blocks' own tasks (``da.pad``
@@ -115,8 +110,8 @@ def _prepad(x, mode, cval):
     if mode not in PREPADDED:
         return x, 0
     kwargs = {"mode": "edge"} if mode == "nearest" else {"mode": "constant", "constant_values": cval}
-    if not is_dask(x):
-        return cuda.array_module(x).pad(x, PREPAD, **kwargs), PREPAD
+    if not kind.dask:
+        return kind.xp.pad(x, PREPAD, **kwargs), PREPAD
     import dask.array as da
 
     padded = da.map_blocks(_pad_edge_block, x, PREPAD, kwargs, dtype=x.dtype, meta=x._meta,
@@ -132,7 +127,7 @@ def _pad_edge_block(block, npad, kwargs, block_info=None):
     return cuda.array_module(block).pad(block, widths, **kwargs)
 
 
-def _coefficients(x, order, mode, dtype, axes=None):
+def _coefficients(kind, x, order, mode, dtype, axes=None):
     """B-spline coefficients of ``x`` along ``axes`` (default all), chunk by chunk for Dask.
 
     Each chunk is filtered with the halo :func:`chunkernels.kernels.spline_filter.depth` from its
@@ -140,9 +135,9 @@ def _coefficients(x, order, mode, dtype, axes=None):
     their neighbours until each is at least as wide: a block's halo then comes from its two
     neighbours alone, where one-sample chunks would make every block gather dozens of them.
     """
-    if is_dask(x) and x.size == 0:  # nothing to filter; Dask's rechunk would drop CuPy's meta
+    if kind.dask and x.size == 0:  # nothing to filter; Dask's rechunk would drop CuPy's meta
         return x.astype(dtype)
-    if is_dask(x):
+    if kind.dask:
         d = depth(order, dtype)
         merged = {a: _merge_chunks(x.chunks[a], d)
                   for a in (range(x.ndim) if axes is None else axes)
@@ -150,8 +145,9 @@ def _coefficients(x, order, mode, dtype, axes=None):
         merged = {a: c for a, c in merged.items() if c != x.chunks[a]}
         if merged:
             x = x.rechunk(merged)
-    return apply(x, "spline_filter", order=order, axes=axes, mode=mode, dtype=dtype,
-                 allow_rechunk=True)
+    return apply_kernel(kind, x, "spline_filter",
+                        params={"order": order, "axes": axes, "mode": mode, "dtype": dtype},
+                        allow_rechunk=True)
 
 
 def _merge_chunks(chunks, width):
@@ -174,7 +170,7 @@ def _padded_chunks(chunks, npad):
                  for c in chunks)
 
 
-def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, identity):
+def _resample(kind, x, out_shape, output, order, mode, cval, prefilter, grid_mode, identity):
     """Zoom ``x`` (NumPy, CuPy or Dask) to ``out_shape``: prefilter, tables, resampling.
 
     ``identity``: the zoom is by 1 on every axis, which SciPy answers with a copy of the input
@@ -184,7 +180,7 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
     checked = check_mode(mode)
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
-    dtype, out = _output(output, x, out_shape)
+    dtype, out = _output(kind, output, x, out_shape)
     if grid_mode and mode in ("constant", "wrap"):
         suggest = "grid-constant" if mode == "constant" else "grid-wrap"
         warnings.warn(f"It is recommended to use mode = {suggest} instead of {mode} when "
@@ -192,12 +188,7 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
     if identity and prefilter:  # SciPy's early exit (gh-20999)
         return _store(x.astype(dtype, copy=True), out)
     if math.prod(out_shape) == 0:  # nothing to interpolate (nor any block to plan)
-        empty = cuda.array_module(x).empty(out_shape, dtype=dtype)
-        if is_dask(x):
-            import dask.array as da
-
-            return da.from_array(empty, chunks=-1, asarray=False)
-        return _store(empty, out)
+        return _store(kind.from_host(np.empty(out_shape, dtype=dtype)), out)
     if dtype.kind == "c" and x.dtype.kind != "c":
         # SciPy's C resampler writes no complex output for real data (it refuses it there, past
         # the copy and the empty result above)
@@ -207,29 +198,53 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
     npad = 0
     coefficients = x
     if prefilter and order > 1:
-        padded, npad = _prepad(x, checked, cval)
-        coefficients = _coefficients(padded, order, checked, _coefficient_dtype(x, dtype))
+        padded, npad = _prepad(kind, x, checked, cval)
+        coefficients = _coefficients(kind, padded, order, checked,
+                                     _coefficient_dtype(kind, x, dtype))
     taps, weights = zoom_tables(x.shape, out_shape, order=order, mode=checked,
                                 grid_mode=grid_mode, npad=npad)
     chunks = None
-    if is_dask(x):
+    if kind.dask:
         chunks = default_chunks(taps, _padded_chunks(x.chunks, npad))
-    result = apply(coefficients, "zoom", taps=taps, weights=weights, cval=cval, dtype=dtype,
-                   chunks=chunks)
+    result = apply_kernel(kind, coefficients, "zoom", params={
+        "taps": taps, "weights": weights, "cval": cval, "dtype": dtype, "chunks": chunks})
     return _store(result, out)
 
 
-@accepts_tensors("input", "output")
-def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter=True, *,
+def _grid_mode(x, grid_mode) -> bool:
+    """zoom's ``grid_mode`` for input ``x``: SciPy zooms complex data as its real and imaginary
+    parts without passing grid_mode on, so it is False for complex inputs there, and here too."""
+    return bool(grid_mode) and x.dtype.kind != "c"
+
+
+def _positions(grid_mode, n_in, n_out):
+    (scale,) = zoom_scales((n_in,), (n_out,), grid_mode)
+    return input_positions(np.arange(n_out), scale, grid_mode)
+
+
+def _zoom_positions(arguments, axis, n_in, n_out):
+    """Where zoom's output samples stand in the input (a DataArray's coordinates follow)."""
+    return _positions(_grid_mode(arguments["input"], arguments["grid_mode"]), n_in, n_out)
+
+
+def _resize_positions(arguments, axis, n_in, n_out):
+    """Where resize's output samples stand in the input (a DataArray's coordinates follow)."""
+    return _positions(bool(arguments["grid_mode"]), n_in, n_out)
+
+
+@array_entry("input", "output", positions=_zoom_positions)
+def zoom(kind, input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter=True, *,
          grid_mode=False):
     """Zoom an array by spline interpolation, as ``scipy.ndimage.zoom``, chunk by chunk.
 
     Parameters
     ----------
-    input : numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    input : numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The array to zoom (any number of dims). Dask arrays give a lazy result chunked like
         the input (each output block reads one input block plus the spline's support); tensors
-        give a tensor on the same device, computed without copies (:mod:`chunkernels.interop`).
+        give a tensor on the same device, computed without copies (:mod:`chunkernels.interop`);
+        DataArrays a DataArray whose regular coordinates along the zoomed axes are resampled
+        onto the output's samples (others along them are dropped).
     zoom : float or sequence of float
         Zoom factor, one for all axes or one per axis. The output shape is
         ``round(input.shape * zoom)``.
@@ -253,7 +268,7 @@ def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter
 
     Returns
     -------
-    numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The zoomed array, of the input's type (``output`` itself when it is an array).
 
     Raises
@@ -271,7 +286,7 @@ def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter
     spline orders. On the GPU, float32 inputs zoomed into float32 are prefiltered and summed in
     float32: within 1e-5 of SciPy for data in [0, 1].
     """
-    x = _as_array(input)
+    x = input
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     factors = _sequence(zoom, x.ndim, "zoom")
@@ -279,24 +294,21 @@ def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter
     if any(n < 0 for n in out_shape):
         raise ValueError(f"negative dimensions are not allowed: zoom={zoom!r} gives the output "
                          f"shape {out_shape} for an input of shape {x.shape}; give zoom >= 0")
-    if x.dtype.kind == "c":
-        # SciPy zooms complex data as its real and imaginary parts without passing grid_mode on:
-        # it is False for complex inputs there, and here too, so the results agree
-        grid_mode = False
     # SciPy's early exit tests the factors: 1.01 on 5 samples still interpolates onto 5
     identity = all(f == 1 for f in factors)
-    return _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, identity)
+    return _resample(kind, x, out_shape, output, order, mode, cval, prefilter,
+                     _grid_mode(x, grid_mode), identity)
 
 
-@accepts_tensors("input", "output")
-def resize(input, output_shape, output=None, order=3, mode="constant", cval=0.0, prefilter=True,
-           *, grid_mode=False):
+@array_entry("input", "output", positions=_resize_positions)
+def resize(kind, input, output_shape, output=None, order=3, mode="constant", cval=0.0,
+           prefilter=True, *, grid_mode=False):
     """Resample an array to ``output_shape``: :func:`zoom` with the shape given instead of factors.
 
     Parameters
     ----------
-    input : numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
-        The array to resample.
+    input : numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
+        The array to resample (a DataArray's coordinates as for :func:`zoom`).
     output_shape : sequence of int
         The result's shape, one length per axis of ``input``.
     output, order, mode, cval, prefilter, grid_mode
@@ -307,7 +319,7 @@ def resize(input, output_shape, output=None, order=3, mode="constant", cval=0.0,
 
     Returns
     -------
-    numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The resampled array, of the input's type.
 
     Raises
@@ -317,7 +329,7 @@ def resize(input, output_shape, output=None, order=3, mode="constant", cval=0.0,
     ValueError
         A negative length in ``output_shape``.
     """
-    x = _as_array(input)
+    x = input
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     shape = tuple(_sequence(output_shape, x.ndim, "output_shape"))
@@ -326,17 +338,17 @@ def resize(input, output_shape, output=None, order=3, mode="constant", cval=0.0,
             raise ValueError(f"output_shape={tuple(output_shape)!r}: lengths must be "
                              f"non-negative integers")
     shape = tuple(int(n) for n in shape)
-    return _resample(x, shape, output, order, mode, cval, prefilter, grid_mode,
+    return _resample(kind, x, shape, output, order, mode, cval, prefilter, grid_mode,
                      shape == tuple(x.shape))
 
 
-@accepts_tensors("input", "output")
-def spline_filter1d(input, order=3, axis=-1, output=np.float64, mode="mirror"):
+@array_entry("input", "output")
+def spline_filter1d(kind, input, order=3, axis=-1, output=np.float64, mode="mirror"):
     """B-spline coefficients along one axis, as ``scipy.ndimage.spline_filter1d``.
 
     Parameters
     ----------
-    input : numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    input : numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The samples. Dask arrays are filtered chunk by chunk, each chunk with a halo after
         which the result is exact to the output dtype's resolution (rechunked where a chunk
         is smaller than that halo).
@@ -351,25 +363,25 @@ def spline_filter1d(input, order=3, axis=-1, output=np.float64, mode="mirror"):
 
     Returns
     -------
-    numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The coefficients, of the input's type.
     """
     order = check_order(order)
-    x = _as_array(input)
-    dtype, out = _output(output, x, x.shape)
+    x = input
+    dtype, out = _output(kind, output, x, x.shape)
     if order < 2:
         return _store(x.astype(dtype, copy=True), out)
     axis = normalize_axis_index(axis, x.ndim)
-    return _store(_coefficients(x, order, mode, dtype, axes=(axis,)), out)
+    return _store(_coefficients(kind, x, order, mode, dtype, axes=(axis,)), out)
 
 
-@accepts_tensors("input", "output")
-def spline_filter(input, order=3, output=np.float64, mode="mirror"):
+@array_entry("input", "output")
+def spline_filter(kind, input, order=3, output=np.float64, mode="mirror"):
     """B-spline coefficients along every axis, as ``scipy.ndimage.spline_filter``.
 
     Parameters
     ----------
-    input : numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    input : numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The samples (Dask arrays: chunk by chunk, as :func:`spline_filter1d`).
     order : int, optional
         Spline order, 2..5. Default 3.
@@ -380,11 +392,11 @@ def spline_filter(input, order=3, output=np.float64, mode="mirror"):
 
     Returns
     -------
-    numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The coefficients, of the input's type. Pass them to :func:`zoom` with
         ``prefilter=False`` and the same ``mode``.
     """
     order = check_order(order, low=2)
-    x = _as_array(input)
-    dtype, out = _output(output, x, x.shape)
-    return _store(_coefficients(x, order, mode, dtype), out)
+    x = input
+    dtype, out = _output(kind, output, x, x.shape)
+    return _store(_coefficients(kind, x, order, mode, dtype), out)

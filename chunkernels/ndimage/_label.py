@@ -1,4 +1,4 @@
-"""scipy.ndimage.label on NumPy, CuPy and Dask arrays and PyTorch tensors.
+"""scipy.ndimage.label on NumPy, CuPy and Dask arrays, PyTorch tensors and xarray DataArrays.
 
 NumPy inputs are labelled by SciPy itself; CuPy inputs by the CUDA kernels of
 :mod:`chunkernels.kernels.label`; Dask arrays chunk by chunk with one merge of the chunks' faces
@@ -14,19 +14,18 @@ import scipy.ndimage as ndi
 from chunkernels import cuda
 from chunkernels._graph import is_dask
 from chunkernels._shared.filters import check_writable
-from chunkernels.interop import accepts_tensors
+from chunkernels.interop import array_entry
 from chunkernels.kernels import label as label_kernel
 from chunkernels.ndimage import _wrap
-from chunkernels.ndimage._filters import as_input
 
 
-@accepts_tensors("input", "structure", "output")
-def label(input, structure=None, output=None, wrap_axes=None):
+@array_entry("input", "structure", "output")
+def label(kind, input, structure=None, output=None, wrap_axes=None):
     """Label the connected features of an array, as ``scipy.ndimage.label``.
 
     Parameters
     ----------
-    input : array_like, numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    input : array_like, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The array to label: every nonzero value is a feature pixel (any real dtype or bool; 0-d,
         empty and N-D arrays). CuPy arrays (and CUDA tensors) are labelled on their device;
         Dask arrays chunk by chunk, on NumPy or CuPy chunks.
@@ -46,10 +45,11 @@ def label(input, structure=None, output=None, wrap_axes=None):
 
     Returns
     -------
-    labels : numpy.ndarray, cupy.ndarray, dask.array.Array or torch.Tensor
+    labels : numpy.ndarray, cupy.ndarray, dask.array.Array, torch.Tensor or xarray.DataArray
         The features numbered 1, 2, ... in raster (C) order of their first pixel; 0 is the
         background. Not returned when ``output`` is an array (it holds them). A Dask input
-        gives a lazy array with the input's chunks and array type.
+        gives a lazy array with the input's chunks and array type; a DataArray a DataArray
+        labelled as the input.
     num_features : int or dask.array.Array
         How many features there are; a lazy 0-d Dask array (NumPy-backed) for a Dask input.
 
@@ -72,7 +72,7 @@ def label(input, structure=None, output=None, wrap_axes=None):
     synchronisation) to return ``num_features``. For Dask inputs nothing is computed until
     asked; see the kernel page (docs/kernels/label.md) for the chunked algorithm.
     """
-    x = as_input(input)
+    x = input
     if np.iscomplexobj(x):
         raise TypeError(f"Complex type not supported: label takes real or boolean input; got "
                         f"{x.dtype} (label abs(x) or x != 0 instead)")
@@ -80,13 +80,19 @@ def label(input, structure=None, output=None, wrap_axes=None):
         raise TypeError(f"label takes boolean, integer or floating-point input; got dtype "
                         f"{x.dtype}")
     structure = label_kernel.check_structure(structure, x.ndim)
-    dtype, target = _output(output, x)
+    dtype, target = _output(kind, output, x)
     wrap = _wrap.check_wrap_axes(wrap_axes, x.ndim)
     if wrap and x.size:
-        return _label_wrapped(x, structure, dtype, target, wrap)
-    if is_dask(x):
+        return _label_wrapped(kind, x, structure, dtype, target, wrap)
+    return _label(kind, x, structure, dtype, target)
+
+
+def _label(kind, x, structure, dtype, target):
+    """:func:`label` of ``x`` (of ``kind``), its arguments checked: into ``target`` when it is
+    an array (then the count alone is returned), else as new labels of ``dtype``."""
+    if kind.dask:
         return label_kernel.plan(x, structure, dtype)
-    if cuda.is_cupy_array(x):
+    if kind.gpu:
         if target is not None:
             # SciPy numbers features in the order it walks the output array: label the views
             # that make that walk the raster order
@@ -103,16 +109,16 @@ def label(input, structure=None, output=None, wrap_axes=None):
         target[...] = cuda.cupy().asarray(labels)
         return count
     return ndi.label(label_kernel.scipy_input(x), structure,
-                     output if target is not None else dtype)
+                     target if target is not None else dtype)
 
 
-def _label_wrapped(x, structure, dtype, target, wrap):
+def _label_wrapped(kind, x, structure, dtype, target, wrap):
     """:func:`label` with ``wrap_axes``: the labels as scipy finds them, in a dtype that holds
     any number of them, then joined across the wrapped edges (:mod:`._wrap`)."""
     work = label_kernel.default_dtype(x.size)
-    if is_dask(x):
+    if kind.dask:
         return _wrap.wrapped_dask(*label_kernel.plan(x, structure, work), structure, wrap, dtype)
-    labels, count = label(x, structure, work)
+    labels, count = _label(kind, x, structure, work, None)
     labels, count = _wrap.wrapped(labels, count, structure, wrap, dtype)
     if target is None:
         return labels, count
@@ -145,12 +151,12 @@ def _returned(labels, count, target):
     return count if target is not None else (labels, count)
 
 
-def _output(output, x):
+def _output(kind, output, x):
     """``(dtype, array to fill or None)`` from ``output``, checked before any work."""
     if output is None:
         return label_kernel.default_dtype(x.size), None
     if hasattr(output, "shape") and not isinstance(output, type | np.dtype):
-        if is_dask(x) or is_dask(output):
+        if kind.dask or is_dask(output):
             raise TypeError("output= cannot be an array for a Dask input (the labels are "
                             "lazy); pass a dtype, e.g. output=numpy.int64, and store the result "
                             "where you want it")
@@ -161,7 +167,7 @@ def _output(output, x):
         if tuple(output.shape) != tuple(x.shape):
             raise label_kernel.LabelError(f"output shape not correct: output has shape "
                                           f"{output.shape}, the input {x.shape}")
-        if cuda.is_cupy_array(output) != cuda.is_cupy_array(x):
+        if cuda.is_cupy_array(output) != kind.gpu:
             raise TypeError(f"output is a {type(output).__module__} array and the input a "
                             f"{type(x).__module__} one; give an output on the input's device")
         return label_kernel.check_output_dtype(output.dtype), output

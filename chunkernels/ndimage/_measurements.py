@@ -1,5 +1,6 @@
-"""scipy.ndimage's measurements of labelled images on NumPy, CuPy and Dask arrays, and
-:func:`measure`, several properties of every label in one pass.
+"""scipy.ndimage's measurements of labelled images on NumPy, CuPy and Dask arrays (PyTorch
+tensors and xarray DataArrays: their data), and :func:`measure`, several properties of every
+label in one pass.
 
 NumPy inputs run scipy.ndimage itself. CuPy inputs run the ``label_statistics`` kernel on the
 device; Dask inputs one partial-statistics task per chunk and one combine task (the kernel's
@@ -28,6 +29,7 @@ import scipy.ndimage as ndi
 
 from chunkernels import _graph, cuda
 from chunkernels._graph import is_dask
+from chunkernels.interop import array_entry
 from chunkernels.kernels import label_statistics
 from chunkernels.ndimage._filters import as_input
 
@@ -356,6 +358,7 @@ def _centers(out, table):
 # -- scipy.ndimage's functions -----------------------------------------------------------------------
 
 
+@array_entry("input", "labels", returns="values")
 def sum_labels(input, labels=None, index=None):
     """Sum of the values of the array over labelled regions.
 
@@ -391,6 +394,7 @@ def sum_labels(input, labels=None, index=None):
     return _result(q, ("sum",), _sums, dtype)
 
 
+@array_entry("input", "labels", returns="values")
 def area(input, labels=None, index=None):
     """Number of elements in labelled regions, as ``dask_image.ndmeasure.area``.
 
@@ -449,6 +453,7 @@ def sum(input, labels=None, index=None):  # noqa: A001 - scipy.ndimage's name
     return sum_labels(input, labels, index)
 
 
+@array_entry("input", "labels", returns="values")
 def mean(input, labels=None, index=None):
     """Mean of the values of the array over labelled regions.
 
@@ -467,6 +472,7 @@ def mean(input, labels=None, index=None):
     return _result(q, ("sum", "count"), _means, np.float64)
 
 
+@array_entry("input", "labels", returns="values")
 def variance(input, labels=None, index=None):
     """Variance of the values of the array over labelled regions (centred sums, as scipy).
 
@@ -484,6 +490,7 @@ def variance(input, labels=None, index=None):
     return _result(q, ("m2",), _variances, np.float64)
 
 
+@array_entry("input", "labels", returns="values")
 def standard_deviation(input, labels=None, index=None):
     """Standard deviation of the values of the array over labelled regions.
 
@@ -501,6 +508,7 @@ def standard_deviation(input, labels=None, index=None):
     return _result(q, ("m2",), _deviations, np.float64)
 
 
+@array_entry("input", "labels", returns="values")
 def minimum(input, labels=None, index=None):
     """Minimum of the values of the array over labelled regions.
 
@@ -521,6 +529,7 @@ def minimum(input, labels=None, index=None):
     return _extreme("minimum", "min", input, labels, index)
 
 
+@array_entry("input", "labels", returns="values")
 def maximum(input, labels=None, index=None):
     """Maximum of the values of the array over labelled regions.
 
@@ -549,6 +558,7 @@ def _extreme(fname, name, input, labels, index):
     return _result(q, stats, functools.partial(_extremes, name), q.dtype)
 
 
+@array_entry("input", "labels", returns="values")
 def minimum_position(input, labels=None, index=None):
     """Position of the first minimum (raster order) of the values over labelled regions.
 
@@ -570,6 +580,7 @@ def minimum_position(input, labels=None, index=None):
     return _position("min", "minimum_position", input, labels, index)
 
 
+@array_entry("input", "labels", returns="values")
 def maximum_position(input, labels=None, index=None):
     """Position of the first maximum (raster order) of the values over labelled regions.
 
@@ -589,6 +600,7 @@ def _position(name, fname, input, labels, index):
     return coords if q.backend == "dask" else _as_tuples(coords, q.single)
 
 
+@array_entry("input", "labels", returns="values")
 def extrema(input, labels=None, index=None):
     """Minima, maxima and their first positions over labelled regions, in one pass.
 
@@ -621,6 +633,7 @@ def extrema(input, labels=None, index=None):
     return lo, hi, _as_tuples(lo_at, q.single), _as_tuples(hi_at, q.single)
 
 
+@array_entry("input", "labels", returns="values")
 def center_of_mass(input, labels=None, index=None):
     """Center of mass of the values of the array over labelled regions.
 
@@ -645,6 +658,7 @@ def center_of_mass(input, labels=None, index=None):
     return tuple(centers) if q.single and q.backend == "cupy" else centers
 
 
+@array_entry("input", returns="values")
 def find_objects(input, max_label=0):
     """Bounding boxes of the labelled objects, as tuples of slices.
 
@@ -845,6 +859,7 @@ def _medians(single, slots, out_shape, dtype, parts):
     return ((v[lo] + v[hi]) / 2).reshape(out_shape)
 
 
+@array_entry("input", "labels", returns="values")
 def median(input, labels=None, index=None):
     """Median of the values of the array over labelled regions.
 
@@ -901,6 +916,7 @@ def _comprehend(func, out_dtype, default, pass_positions, raw, slots, values, ou
     return out.reshape(out_shape)
 
 
+@array_entry("input", "labels", returns="values")
 def labeled_comprehension(input, labels, index, func, out_dtype, default, pass_positions=False):
     """``func`` of the values of each labelled region, roughly ``[func(input[labels == i]) for i
     in index]``.
@@ -1055,6 +1071,7 @@ def _histograms(single, slots, out_shape, parts):
     return out.reshape(out_shape)
 
 
+@array_entry("input", "labels", returns="values")
 def histogram(input, min, max, bins, labels=None, index=None):  # noqa: A002 - scipy's names
     """Histogram of the values of the array, optionally per labelled region.
 
@@ -1155,6 +1172,7 @@ class _MeasureRows(_Rows):
             self.slots = None
 
 
+@array_entry("input", "labels", returns="values")
 def measure(input, labels, index=None,
             properties=DEFAULT_PROPERTIES, as_frame=None):
     """Several properties of every labelled region, in one pass over the data.

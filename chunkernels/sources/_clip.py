@@ -15,8 +15,9 @@ import numbers
 import numpy as np
 
 from chunkernels import cuda
-from chunkernels._apply import apply
-from chunkernels._graph import in_memory_blocks, is_dask
+from chunkernels._apply import apply_kernel
+from chunkernels._graph import in_memory_blocks
+from chunkernels.interop import array_entry
 from chunkernels.kernels import kappa_sigma_clip as ksc
 from chunkernels.sources import _clip_cluster
 from chunkernels.sources._passes import (
@@ -32,7 +33,8 @@ from chunkernels.sources._passes import (
 __all__ = ["ClipResult", "clip_reference", "kappa_sigma_clip"]
 
 
-def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
+@array_entry("x")
+def kappa_sigma_clip(kind, x, kappa=3.0, max_iters=None, return_mask=False):
     """κ-σ clip ``x``: repeatedly keep the values strictly inside ``median ± kappa * std``.
 
     The GPU lesson's ``ks_clipper_cpu`` (seed 002) with ``kappa`` for its 3: the median and the
@@ -42,7 +44,7 @@ def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
 
     Parameters
     ----------
-    x : array_like, cupy.ndarray or dask.array.Array
+    x : array_like, cupy.ndarray, dask.array.Array or xarray.DataArray
         Data of any shape (it is clipped as one flat set of values): real integers, float32 or
         float64. Dask arrays may have NumPy or CuPy chunks; they are persisted first (unless a
         cluster's workers hold them already: then those workers pass over their own chunks).
@@ -57,9 +59,9 @@ def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
     -------
     ClipResult
         Median, standard deviation, count and window of the kept values.
-    mask : numpy.ndarray, cupy.ndarray or dask.array.Array of bool
+    mask : numpy.ndarray, cupy.ndarray, dask.array.Array or xarray.DataArray of bool
         Only with ``return_mask``: True where ``x`` is kept, ``(x > lower) & (x < upper)``, of
-        ``x``'s array type (lazy for Dask).
+        ``x``'s array type (lazy for Dask; a DataArray labelled as ``x``).
 
     Raises
     ------
@@ -95,21 +97,25 @@ def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
     (True, True)
     """
     kappa, max_iters = _check_arguments(kappa, max_iters)
-    if not (is_dask(x) or cuda.is_cupy_array(x)):
-        x = np.asarray(x)
     ksc.check_dtype(x.dtype)
-    if is_dask(x):
-        if not _clip_cluster.held(x):
-            x = x.persist()
-        result = _clip_dask(x, kappa, max_iters)
-    elif cuda.is_cupy_array(x):
-        result = clip_with_passes(DevicePasses([x]), x.dtype, kappa, max_iters)
-    else:
-        result = clip_reference(x, kappa, max_iters)
+    if kind.dask and not _clip_cluster.held(x):
+        x = x.persist()
+    result = clip(kind, x, kappa, max_iters)
     if not return_mask:
         return result
-    mask = apply(x, "threshold", value=np.float64(result.lower), upper=np.float64(result.upper))
+    mask = apply_kernel(kind, x, "threshold", params={"value": np.float64(result.lower),
+                                                      "upper": np.float64(result.upper)})
     return result, mask
+
+
+def clip(kind, x, kappa, max_iters=None) -> ClipResult:
+    """:func:`kappa_sigma_clip`'s statistics of ``x`` (of ``kind``; a Dask array persisted, or
+    held by a cluster's workers), its arguments and dtype checked."""
+    if kind.dask:
+        return _clip_dask(x, kappa, max_iters)
+    if kind.gpu:
+        return clip_with_passes(DevicePasses([x]), x.dtype, kappa, max_iters)
+    return clip_reference(x, kappa, max_iters)
 
 
 def _check_arguments(kappa, max_iters):

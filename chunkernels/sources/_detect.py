@@ -7,18 +7,20 @@ import numbers
 
 import numpy as np
 
-from chunkernels._apply import apply
-from chunkernels._graph import is_dask
-from chunkernels.sources._clip import ClipResult, _check_arguments, kappa_sigma_clip
+from chunkernels._apply import apply_kernel
+from chunkernels.interop import array_entry
+from chunkernels.kernels import kappa_sigma_clip as ksc
+from chunkernels.sources._clip import ClipResult, _check_arguments, clip
 
 
-def threshold(x, value):
+@array_entry("x")
+def threshold(kind, x, value):
     """Segment ``x``: True where ``x > value`` (strictly), as the lesson's
     ``np.where(data > threshold, 1, 0)`` (as booleans).
 
     Parameters
     ----------
-    x : array_like, cupy.ndarray or dask.array.Array
+    x : array_like, cupy.ndarray, dask.array.Array or xarray.DataArray
         The image (any shape, real numbers).
     value : float
         The threshold: a Python number, a NumPy scalar or a 0-d array. It is compared as NumPy
@@ -27,7 +29,7 @@ def threshold(x, value):
 
     Returns
     -------
-    numpy.ndarray, cupy.ndarray or dask.array.Array of bool
+    numpy.ndarray, cupy.ndarray, dask.array.Array or xarray.DataArray of bool
         ``x > value``, of ``x``'s array type (lazy for Dask; CuPy chunks run the GPU kernel).
 
     Raises
@@ -37,9 +39,7 @@ def threshold(x, value):
     ValueError
         ``value`` is an array with dimensions.
     """
-    if not is_dask(x) and not hasattr(x, "__cuda_array_interface__"):
-        x = np.asarray(x)
-    return apply(x, "threshold", value=value)
+    return apply_kernel(kind, x, "threshold", params={"value": value})
 
 
 #: The columns of a source catalogue: chunkernels.ndimage.measure's defaults and the
@@ -83,7 +83,13 @@ class Sources(tuple):
                 f"{float(self.background.median):.6g}, std {self.background.std:.6g})")
 
 
-def find_sources(image, kappa=3.0, nsigma=5.0, structure=None):
+def _labels_on_grid(found, wrap):
+    """The :class:`Sources` of a tensor or DataArray image: its labels of the image's type."""
+    return Sources(found.catalogue, wrap(found.labels), found.background, found.threshold)
+
+
+@array_entry("image", returns=_labels_on_grid)
+def find_sources(kind, image, kappa=3.0, nsigma=5.0, structure=None):
     """Find the sources of an image: the GPU lesson's four steps.
 
     1. κ-σ clip the background (:func:`kappa_sigma_clip` with ``kappa``);
@@ -94,7 +100,7 @@ def find_sources(image, kappa=3.0, nsigma=5.0, structure=None):
 
     Parameters
     ----------
-    image : array_like, cupy.ndarray or dask.array.Array
+    image : array_like, cupy.ndarray, dask.array.Array or xarray.DataArray
         The image (real integers, float32 or float64; 2-D usually, any dimensionality works).
         Dask arrays are persisted once and every step reads the persisted chunks.
     kappa : float
@@ -117,8 +123,9 @@ def find_sources(image, kappa=3.0, nsigma=5.0, structure=None):
         ``center_of_mass``), ``bbox-0`` .. ``bbox-3`` (first row, first column, last row + 1,
         last column + 1). The columns are of the image's array type; for Dask they are lazy and
         share one graph (``dask.compute(*catalogue.values())`` computes them in one pass).
-        ``labels`` is the label image, of the image's array type (lazy for Dask). The result also
-        carries ``background`` (:class:`ClipResult`) and ``threshold``.
+        ``labels`` is the label image, of the image's array type (lazy for Dask; a DataArray
+        labelled as the image). The result also carries ``background`` (:class:`ClipResult`)
+        and ``threshold``.
 
     Raises
     ------
@@ -131,19 +138,18 @@ def find_sources(image, kappa=3.0, nsigma=5.0, structure=None):
     background's median is 0, as in its radio image (1.6e-05 Jy/beam against a std of 0.013).
     Adding the median keeps the threshold right for images whose background is not centred on 0.
     """
-    _check_arguments(kappa, None)
+    kappa, _ = _check_arguments(kappa, None)
     if isinstance(nsigma, bool) or not isinstance(nsigma, numbers.Real) or not math.isfinite(nsigma):
         raise ValueError(f"nsigma={nsigma!r}; expected a finite number of standard deviations "
                          f"(the lesson uses 5)")
     from chunkernels.ndimage import label, measure
 
-    if is_dask(image):
+    ksc.check_dtype(image.dtype)
+    if kind.dask:
         image = image.persist()
-    elif not hasattr(image, "__cuda_array_interface__"):
-        image = np.asarray(image)
-    background = kappa_sigma_clip(image, kappa)
+    background = clip(kind, image, kappa)
     level = float(background.median) + nsigma * background.std
-    mask = apply(image, "threshold", value=np.float64(level))
+    mask = apply_kernel(kind, image, "threshold", params={"value": np.float64(level)})
     labels, _ = label(mask, structure)
     catalogue = measure(image, labels, properties=CATALOGUE, as_frame=False)
     return Sources(catalogue, labels, background, level)
