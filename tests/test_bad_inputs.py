@@ -1,13 +1,28 @@
-"""Bad inputs refused before any work, with what is wrong and how to fix it (issue #20)."""
+"""Bad inputs refused before any work, with what is wrong and how to fix it (issue #20).
+
+:data:`BAD_INPUTS` declares the cases in one table: the call, the error and the start of its
+message. :func:`test_bad_input_is_refused_before_any_work` checks each, with every kernel run and
+every task graph forbidden; the documentation's hook (``docs/hooks.py``) renders the same table
+into ``docs/errors.md``, each row with the message as the library raises it when the docs are
+built. A case added here is tested and documented at once.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import warnings
+
+import dask.array as da
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
 
 import chunkernels
-from chunkernels import ndimage
+import chunkernels.metrics
+import chunkernels.signal  # imported here: a module imported under no_work would keep its fakes
+from chunkernels import UnknownKernelError, _graph, ndimage
+from chunkernels.ndimage import FilterArgumentError, InterpolationError, LabelError
 
 READ_ONLY = (r"^output array is read-only \(output\.flags\.writeable is False\), so the result "
              r"cannot be written into it; nothing was computed\. Pass a writeable array of the "
@@ -15,6 +30,125 @@ READ_ONLY = (r"^output array is read-only \(output\.flags\.writeable is False\),
              r"output=numpy\.{dtype} for a new array$")
 
 X = np.random.default_rng(0).random((12, 10))
+
+
+# -- the table: every bad input, as the documentation shows it -------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad:
+    """One bad input: ``call`` (Python, evaluated in :func:`namespace`) raises ``error`` (that
+    type or a subclass) with a message that starts as the regular expression ``message`` says.
+    ``topic`` is its section of ``docs/errors.md``."""
+
+    topic: str
+    call: str
+    error: type[Exception]
+    message: str
+
+
+OUTPUTS = "Output arrays"
+INDEXES = "Labels and label indexes"
+KERNELS = "Kernels, parameters and pipelines"
+
+BAD_INPUTS = (
+    Bad(OUTPUTS, "ndimage.gaussian_filter(x, 1.5, output=read_only)", FilterArgumentError,
+        READ_ONLY[1:].format(dtype="float64")),
+    Bad(OUTPUTS, "ndimage.zoom(x, 1, output=read_only)", InterpolationError,
+        READ_ONLY[1:].format(dtype="float64")),
+    Bad(OUTPUTS, "ndimage.gaussian_filter(d, 1.5, output=np.empty((20, 24)))", TypeError,
+        r"output= cannot be an array for a Dask input \(the result is lazy\); pass a dtype, e\.g\. "
+        r"output='float64'$"),
+    Bad(INDEXES, "ndimage.sum_labels(d, ld, [1.5])", ValueError,
+        r"sum_labels: the index holds 1\.5, not integer label numbers\. With labels of dtype "
+        r"int64, scipy\.ndimage truncates such values"),
+    Bad(INDEXES, "ndimage.mean(x, labels, [2.0, np.nan])", ValueError,
+        r"mean: the index holds nan, not integer label numbers"),
+    Bad(INDEXES, "ndimage.sum_labels(d, ld, [-1, 2**64 - 1])", ValueError,
+        r"index holds the integers -1 and 18446744073709551615, which no integer dtype holds "
+        r"together"),
+    Bad(INDEXES, "ndimage.find_objects(huge_label)", MemoryError,
+        r"find_objects: the largest label is 4611686018427387904, and the result lists one "
+        r"entry per label number from 1 to it, present or not"),
+    Bad(INDEXES, "ndimage.label(x, structure=np.ones((3, 2)))", LabelError,
+        r"structure dimensions must be equal to 3: got shape \(3, 2\); pass a structure of shape "
+        r"\(3, 3\)$"),
+    Bad(KERNELS, "chunkernels.apply(x, 'gaussian_filter', sigma=1, sigmaa=2)", TypeError,
+        r"gaussian_filter got unknown parameter 'sigmaa' \(did you mean 'sigma'\?\); "
+        r"gaussian_filter takes sigma \(required\), order, mode, cval, truncate, radius, axes, "
+        r"output$"),
+    Bad(KERNELS, "chunkernels.apply(x, 'gausian_filter', sigma=1)", UnknownKernelError,
+        r"no kernel named 'gausian_filter'; did you mean 'gaussian_filter' or 'spline_filter' or "
+        r"'gaussian_laplace'\? registered kernels: "),
+    Bad(KERNELS, "chunkernels.pipeline([('gaussian_filter', {'sigma': 2.0}), 'label'])", TypeError,
+        r"pipeline step label is not blockwise"),
+    Bad(KERNELS, "chunkernels.apply(d, 'gaussian_filter', sigma=30.0)", chunkernels.HaloError,
+        r"gaussian_filter: the halo the kernel's parameters need is not smaller than the array "
+        r"along an axis of several chunks"),
+)
+
+
+def namespace() -> dict:
+    """The names the calls of :data:`BAD_INPUTS` use (``docs/errors.md`` lists them too)."""
+    x = np.random.default_rng(0).random((20, 24))
+    d = da.from_array(x, chunks=10)
+    rows = d[:, 0] > -1  # every row, but Dask cannot know how many before computing it:
+    u = d[rows]          # unknown chunk sizes along axis 0
+    ul = (u > 0.5).astype(np.int64)
+    labels = ndi.label(x > 0.5)[0].astype(np.int64)
+    ld = da.from_array(labels, chunks=10)
+    ud = ld[rows]
+    huge_label = np.zeros((4, 4), np.int64)
+    huge_label[1, 1] = 2**62
+    read_only = np.zeros((20, 24))
+    read_only.setflags(write=False)
+    return {"np": np, "da": da, "chunkernels": chunkernels, "ndimage": ndimage, "x": x, "d": d,
+            "u": u, "ul": ul, "labels": labels, "ld": ld, "ud": ud, "huge_label": huge_label,
+            "read_only": read_only}
+
+
+def raised(case: Bad, names: dict | None = None) -> BaseException | None:
+    """What ``case.call`` raises (``None`` if nothing), warnings silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            eval(case.call, namespace() if names is None else names)  # noqa: S307 - our table
+        except Exception as exc:  # noqa: BLE001 - the table says which
+            return exc
+    return None
+
+
+@pytest.fixture
+def names() -> dict:
+    return namespace()
+
+
+@pytest.fixture
+def no_work(monkeypatch, names):
+    """Every kernel run and every task graph chunkernels builds fails the test (once
+    :func:`namespace` has made the arrays)."""
+    def work(*args, **kwargs):
+        raise AssertionError("work was done before the bad input was refused")
+
+    for module in (chunkernels._apply, chunkernels._dispatch):
+        monkeypatch.setattr(module, "run_block", work)
+    monkeypatch.setattr(_graph.Tasks, "__init__", work)
+    monkeypatch.setattr(chunkernels.kernels.zoom, "zoom_tables", work)
+    monkeypatch.setattr(ndi, "label", work)
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=lambda case: case.call)
+def test_bad_input_is_refused_before_any_work(case, names, no_work):
+    """Issue #20: each bad input gets its error, saying what is wrong, the values seen and the
+    fix, before any kernel runs or any graph is built (a 3.8 PB zoom spent 24 s and 5 GB on its
+    graph; unknown chunk sizes failed at compute with "cannot convert float NaN to integer";
+    NaN and infinite parameters said only "cannot convert float NaN to integer")."""
+    exc = raised(case, names)
+    assert isinstance(exc, case.error), f"{case.call} raised {exc!r}, not {case.error.__name__}"
+    assert re.match(case.message, str(exc)), f"{case.call}: {exc}"
+
+
+# -- read-only outputs -----------------------------------------------------------------------------
 
 FRONT_ENDS = {
     "gaussian_filter": (lambda out: ndimage.gaussian_filter(X, 1.5, output=out), X.shape),
@@ -58,3 +192,4 @@ def test_a_read_only_output_array_is_refused_before_any_work(name, monkeypatch):
     writable = np.zeros(shape, dtype)
     call(writable)  # the same call with a writeable output fills it
     assert writable.any()
+
