@@ -150,6 +150,7 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
     x
         A Dask array (NumPy or CuPy chunks), a ``numpy.ndarray``, a ``cupy.ndarray`` or a
         ``torch.Tensor`` (CPU or CUDA; used in place, without a copy: :mod:`chunkernels.interop`).
+        Big-endian data (and operands) are swapped to native byte order first.
     kernel
         Registered kernel name (``chunkernels.kernels()`` lists them).
     *operands
@@ -182,7 +183,10 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
         An operand does not broadcast to ``x`` or its chunks do not line up (and not ``align``).
     HaloError
         The halo is not smaller than the array along an axis of several chunks (and not
-        ``allow_rechunk``), or chunk sizes are unknown.
+        ``allow_rechunk``).
+    UnknownChunkSizesError
+        A Dask ``x`` whose chunk sizes are unknown (NaN) along an axis with a halo, or anywhere
+        for a kernel that plans its own graph (labels, measurements): a :class:`HaloError` too.
     UnsupportedBlockError
         Under ``strict=True``, a block the GPU path refuses.
     """
@@ -191,15 +195,18 @@ def apply(x, kernel: str, *operands, strict: bool = False, align: bool = False,
         names = ", ".join(spec.operands) or "none"
         raise TypeError(f"{spec.name} takes {len(spec.operands)} array operand(s) after x "
                         f"({names}); got {len(operands)}")
+    if not (_graph.is_dask(x) or isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
+        raise TypeError(f"apply takes a dask.array.Array, numpy.ndarray or cupy.ndarray; got "
+                        f"{type(x).__module__}.{type(x).__name__} (convert it with np.asarray, "
+                        f"cupy.asarray or dask.array.from_array)")
+    # a graph that is not blockwise in x's chunks (labels, measurements) needs their sizes
+    x = _graph.as_input(x, spec.name, "x", chunk_sizes=spec.dask_graph is not None)
+    operands = tuple(_graph.native(o) if hasattr(o, "dtype") else o for o in operands)
     if spec.dask_graph is not None and _graph.is_dask(x):  # not blockwise in x's chunks
         return spec.dask_graph(x, *operands, strict=strict, **spec.params(x.ndim, params))
     if _graph.is_dask(x):
         return _apply_dask(spec, x, operands, params, strict=strict, align=align,
                            allow_rechunk=allow_rechunk)
-    if not (isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
-        raise TypeError(f"apply takes a dask.array.Array, numpy.ndarray or cupy.ndarray; got "
-                        f"{type(x).__module__}.{type(x).__name__} (convert it with np.asarray, "
-                        f"cupy.asarray or dask.array.from_array)")
     params = spec.params(x.ndim, params)
     xp = cuda.array_module(x)
     operands = tuple(_as_array(xp, o, x.dtype) for o in operands)
@@ -284,9 +291,7 @@ def _ensure_halo(label, x, ops, depth, allow_rechunk):
     for axis, (d, chunks) in enumerate(zip(depth, x.chunks)):
         if d == 0:
             continue
-        if any(np.isnan(c) for c in chunks):
-            raise HaloError(f"{label}: x has unknown chunk sizes along axis {axis}; call "
-                            f"x.compute_chunk_sizes() first")
+        _graph.check_chunk_sizes(x, label, "x", (axis,))
         if d >= x.shape[axis]:
             fixes[axis] = (x.shape[axis],)
     if fixes and not allow_rechunk:

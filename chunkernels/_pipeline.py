@@ -95,6 +95,7 @@ class Pipeline:
         if not (_graph.is_dask(x) or isinstance(x, np.ndarray) or cuda.is_cupy_array(x)):
             raise TypeError(f"a pipeline takes a dask.array.Array, numpy.ndarray or cupy.ndarray; "
                             f"got {type(x).__module__}.{type(x).__name__}")
+        x = _graph.as_input(x, f"pipeline {self.name}", "x")
         run = _Run(self.steps, x.ndim)  # validates every step's parameters for x.ndim
         if not _graph.is_dask(x):
             return run(x)

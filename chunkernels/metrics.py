@@ -18,7 +18,7 @@ import numpy as np
 
 from chunkernels import cuda
 from chunkernels._apply import apply
-from chunkernels._graph import is_dask
+from chunkernels._graph import as_input, is_dask
 from chunkernels._registry import get, registered
 
 
@@ -75,6 +75,8 @@ def _metric(name, a, b, **params):
     for image in (a, b):
         if not hasattr(image, "shape") or not hasattr(image, "dtype"):
             raise TypeError(f"{name} takes NumPy, CuPy or Dask arrays; got {type(image).__name__}")
+    a = as_input(a, name, "image_true", chunk_sizes=True)
+    b = as_input(b, name, "image_test", chunk_sizes=True)
     if a.shape != b.shape:
         raise ValueError(f"Input images must have the same dimensions. (shapes {a.shape} and "
                          f"{b.shape})")

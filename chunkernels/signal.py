@@ -13,13 +13,12 @@ import numpy as np
 
 from chunkernels import cuda
 from chunkernels._apply import apply
-from chunkernels._graph import is_dask
+from chunkernels._graph import as_input, is_dask
 from chunkernels._dispatch import run_block
 from chunkernels._registry import get
 from chunkernels._shared.filters import FilterArgumentError
 from chunkernels.interop import accepts_tensors
 from chunkernels.kernels import convolve2d as convolve2d_kernel
-from chunkernels.ndimage._filters import as_input
 
 
 @accepts_tensors("in1", "in2")
@@ -58,7 +57,7 @@ def convolve2d(in1, in2, mode="full", boundary="fill", fillvalue=0):
         float16), or for ``mode='valid'`` inputs of which neither is at least as large as the
         other in every dimension.
     """
-    x = as_input(in1)
+    x = as_input(in1, "convolve2d", "in1", chunk_sizes=True)
     spec = get("convolve2d")
     params = spec.params(x.ndim, {"weights": in2, "mode": mode, "boundary": boundary,
                                   "fillvalue": fillvalue})

@@ -21,7 +21,7 @@ import scipy.ndimage as ndi
 import chunkernels
 import chunkernels.metrics
 import chunkernels.signal  # imported here: a module imported under no_work would keep its fakes
-from chunkernels import UnknownKernelError, _graph, ndimage
+from chunkernels import UnknownChunkSizesError, UnknownKernelError, _graph, ndimage
 from chunkernels.ndimage import FilterArgumentError, InterpolationError, LabelError
 
 READ_ONLY = (r"^output array is read-only \(output\.flags\.writeable is False\), so the result "
@@ -47,11 +47,41 @@ class Bad:
     message: str
 
 
+UNKNOWN = "Dask arrays with unknown chunk sizes"
 OUTPUTS = "Output arrays"
 INDEXES = "Labels and label indexes"
 KERNELS = "Kernels, parameters and pipelines"
 
+def _unknown(who, name="input"):
+    return (rf"{who}: {name} has unknown chunk sizes along axis 0; call "
+            rf"{name}\.compute_chunk_sizes\(\) first \(2 of its 2 chunk\(s\) there have size NaN, "
+            rf"as Dask leaves them after boolean indexing such as x\[x > 0\]; {who} needs every "
+            rf"block's size and place in the array\)$")
+
+
 BAD_INPUTS = (
+    Bad(UNKNOWN, "ndimage.label(u > 0.5)", UnknownChunkSizesError, _unknown("label")),
+    Bad(UNKNOWN, "ndimage.zoom(u, 2)", UnknownChunkSizesError, _unknown("zoom")),
+    Bad(UNKNOWN, "ndimage.resize(u, (4, 5))", UnknownChunkSizesError, _unknown("resize")),
+    Bad(UNKNOWN, "ndimage.spline_filter(u)", UnknownChunkSizesError, _unknown("spline_filter")),
+    Bad(UNKNOWN, "ndimage.gaussian_filter(u, 2.0)", UnknownChunkSizesError,
+        _unknown("gaussian_filter", "x")),
+    Bad(UNKNOWN, "ndimage.center_of_mass(u)", UnknownChunkSizesError, _unknown("center_of_mass")),
+    Bad(UNKNOWN, "ndimage.find_objects(ul)", UnknownChunkSizesError, _unknown("find_objects")),
+    Bad(UNKNOWN, "ndimage.sum_labels(u, ul, [1, 2])", UnknownChunkSizesError,
+        _unknown("sum_labels")),
+    Bad(UNKNOWN, "ndimage.mean(d, labels=ud)", UnknownChunkSizesError,
+        _unknown("mean", "labels")),
+    Bad(UNKNOWN, "ndimage.median(u, ul, 1)", UnknownChunkSizesError, _unknown("median")),
+    Bad(UNKNOWN, "ndimage.histogram(u, 0, 1, 4)", UnknownChunkSizesError, _unknown("histogram")),
+    Bad(UNKNOWN, "ndimage.labeled_comprehension(u, ul, [1], np.max, float, 0)",
+        UnknownChunkSizesError, _unknown("labeled_comprehension")),
+    Bad(UNKNOWN, "ndimage.measure(u, ul)", UnknownChunkSizesError, _unknown("measure")),
+    Bad(UNKNOWN, "chunkernels.signal.convolve2d(u, np.ones((3, 3)))", UnknownChunkSizesError,
+        _unknown("convolve2d", "in1")),
+    Bad(UNKNOWN, "chunkernels.metrics.mean_squared_error(u, u)", UnknownChunkSizesError,
+        _unknown("mean_squared_error", "image_true")),
+    Bad(UNKNOWN, "chunkernels.apply(u, 'label')", UnknownChunkSizesError, _unknown("label", "x")),
     Bad(OUTPUTS, "ndimage.gaussian_filter(x, 1.5, output=read_only)", FilterArgumentError,
         READ_ONLY[1:].format(dtype="float64")),
     Bad(OUTPUTS, "ndimage.zoom(x, 1, output=read_only)", InterpolationError,
@@ -193,3 +223,96 @@ def test_a_read_only_output_array_is_refused_before_any_work(name, monkeypatch):
     call(writable)  # the same call with a writeable output fills it
     assert writable.any()
 
+
+# -- big-endian data: taken as SciPy takes it ------------------------------------------------------
+
+B = np.random.default_rng(1).random((12, 10))
+LB = ndi.label(B > 0.5)[0]
+
+#: One call of every front end family, on ``(x, labels)``: name -> function.
+BYTE_ORDER_CALLS = {
+    "gaussian_filter": lambda x, lab: ndimage.gaussian_filter(x, 1.5),
+    "gaussian_filter1d": lambda x, lab: ndimage.gaussian_filter1d(x, 2.0, order=1),
+    "uniform_filter": lambda x, lab: ndimage.uniform_filter(x, 3, mode="wrap"),
+    "uniform_filter1d": lambda x, lab: ndimage.uniform_filter1d(x, 4),
+    "correlate1d": lambda x, lab: ndimage.correlate1d(x, np.array([1, 2, 1], ">f8")),
+    "convolve1d": lambda x, lab: ndimage.convolve1d(x, [1, -1, 3]),
+    "correlate": lambda x, lab: ndimage.correlate(x, np.ones((3, 2), ">i4")),
+    "convolve": lambda x, lab: ndimage.convolve(x, np.ones((3, 3)), mode="nearest"),
+    "sobel": lambda x, lab: ndimage.sobel(x, axis=0),
+    "prewitt": lambda x, lab: ndimage.prewitt(x),
+    "laplace": lambda x, lab: ndimage.laplace(x),
+    "gaussian_laplace": lambda x, lab: ndimage.gaussian_laplace(x, 1.0),
+    "gaussian_gradient_magnitude": lambda x, lab: ndimage.gaussian_gradient_magnitude(x, 1.0),
+    "zoom": lambda x, lab: ndimage.zoom(x, 1.5),
+    "resize": lambda x, lab: ndimage.resize(x, (7, 15), order=1),
+    "spline_filter": lambda x, lab: ndimage.spline_filter(x),
+    "spline_filter1d": lambda x, lab: ndimage.spline_filter1d(x, axis=0),
+    "label": lambda x, lab: ndimage.label(x > 0.5)[0],
+    "sum_labels": lambda x, lab: ndimage.sum_labels(x, lab, [1, 2, 3]),
+    "mean": lambda x, lab: ndimage.mean(x, lab, [1, 2]),
+    "variance": lambda x, lab: ndimage.variance(x, lab),
+    "minimum": lambda x, lab: ndimage.minimum(x, lab, [1, 2]),
+    "maximum_position": lambda x, lab: ndimage.maximum_position(x, lab, [1, 2]),
+    "extrema": lambda x, lab: ndimage.extrema(x, lab, 1)[:2],
+    "center_of_mass": lambda x, lab: ndimage.center_of_mass(x, lab, [1, 2]),
+    "median": lambda x, lab: ndimage.median(x, lab, [1, 2]),
+    "histogram": lambda x, lab: ndimage.histogram(x, 0, 100, 5, lab, 1),
+    "area": lambda x, lab: ndimage.area(x, lab, [1, 2]),
+    "find_objects": lambda x, lab: ndimage.find_objects(lab),
+    "convolve2d": lambda x, lab: chunkernels.signal.convolve2d(x, np.ones((2, 3)), mode="same"),
+    "mean_squared_error": lambda x, lab: chunkernels.metrics.mean_squared_error(x, x[::-1]),
+}
+
+
+def _computed(result):
+    """A result of any front end with Dask parts computed, as nested NumPy values."""
+    from dask.delayed import Delayed
+
+    if isinstance(result, (list, tuple)):
+        return [_computed(r) for r in result]
+    if _graph.is_dask(result) or isinstance(result, Delayed):
+        return _computed(result.compute())
+    return result
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask"])
+@pytest.mark.parametrize("dtype", [">f8", ">i4", ">u2"])
+@pytest.mark.parametrize("name", BYTE_ORDER_CALLS)
+def test_big_endian_input_gives_what_native_input_gives(name, dtype, backend):
+    """Issue #20: big-endian input (``>f8`` from FITS files) got "array type >f8 not supported"
+    from the filters and zoom, which SciPy takes. It is swapped to native once at the entry, on
+    NumPy and Dask arrays: the results equal the native input's, in the dtype SciPy gives."""
+    call = BYTE_ORDER_CALLS[name]
+    native = (B * 100).astype(np.dtype(dtype).newbyteorder("="))
+    native_labels = LB.astype(np.int64 if dtype != ">u2" else np.uint16)
+    swapped, labels = native.astype(dtype), native_labels.astype(native_labels.dtype.newbyteorder())
+    assert not swapped.dtype.isnative and not labels.dtype.isnative
+    if backend == "dask":
+        native, native_labels, swapped, labels = (da.from_array(a, chunks=5) for a in (
+            native, native_labels, swapped, labels))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        expected = _computed(call(native, native_labels))
+        got = _computed(call(swapped, labels))
+    if isinstance(expected, np.ndarray):
+        assert got.dtype == expected.dtype and got.dtype.isnative, (got.dtype, expected.dtype)
+    np.testing.assert_equal(got, expected)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "dask"])
+@pytest.mark.parametrize("fn, args", [
+    ("gaussian_filter", (1.0,)), ("uniform_filter", (3,)), ("correlate1d", ([1.0, 2.0],)),
+    ("zoom", (2,)), ("spline_filter", ())])
+def test_a_big_endian_output_dtype_is_returned_as_scipy_returns_it(fn, args, backend):
+    """SciPy returns the byte order an ``output`` dtype asks for (``'>f8'``); so do these, having
+    computed in the native one."""
+    expected = getattr(ndi, fn)(B, *args, output=">f8")
+    x = da.from_array(B, chunks=5) if backend == "dask" else B
+    got = getattr(ndimage, fn)(x, *args, output=">f8")
+    assert got.dtype == np.dtype(">f8") == expected.dtype
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-13)
+    out = np.empty(expected.shape, ">f8")  # an output array of that dtype is filled in place
+    if backend == "numpy":
+        assert getattr(ndimage, fn)(B, *args, output=out) is out
+        np.testing.assert_allclose(out, expected, rtol=1e-13)

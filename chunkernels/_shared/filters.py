@@ -60,9 +60,12 @@ SCIPY_DTYPES = frozenset(np.dtype(d) for d in (
 
 def check_dtype(dtype, what: str = "input", *, error=None,
                 takes: str = "the filters take") -> np.dtype:
-    """``dtype`` if scipy.ndimage takes it (its filters, and its interpolation), else ``error``
-    (default :class:`FilterArgumentError`) saying what ``takes`` the accepted dtypes."""
+    """``dtype`` in native byte order if scipy.ndimage takes it (its filters, and its
+    interpolation), else ``error`` (default :class:`FilterArgumentError`) saying what ``takes``
+    the accepted dtypes. Either byte order is taken, as SciPy takes it (``>f8`` is float64)."""
     dtype = np.dtype(dtype)
+    if not dtype.isnative and dtype.fields is None:
+        dtype = dtype.newbyteorder("=")
     if dtype not in SCIPY_DTYPES:
         accepted = ", ".join(sorted(d.name for d in SCIPY_DTYPES))
         raise (error or FilterArgumentError)(
@@ -198,6 +201,19 @@ def _requested_dtype(output) -> np.dtype | None:
     if not issubclass(dtype.type, np.number | np.bool_):
         raise FilterArgumentError(f"output must have numeric dtype; got {dtype}")
     return dtype
+
+
+def in_requested_byte_order(result, output):
+    """``result`` in the byte order ``output`` asked for, where it is a dtype of non-native byte
+    order (``'>f8'``): SciPy returns that dtype, while chunkernels computes in native ones
+    (:func:`check_dtype`). CuPy arrays, which are native only, and promoted results (a real
+    dtype asked for complex data) stay as they are; an output array is filled as it is."""
+    if output is None or is_array(output) or cuda.is_cupy_array(result):
+        return result
+    requested = np.dtype(output)
+    if requested.isnative or requested.newbyteorder("=") != result.dtype:
+        return result
+    return result.astype(requested)
 
 
 def result_dtype(x_dtype, *operand_dtypes, output=None, weights=None, **params) -> np.dtype:

@@ -13,7 +13,7 @@ import numbers
 
 import numpy as np
 
-from chunkernels import cuda
+from chunkernels import _graph, cuda
 from chunkernels._apply import apply
 from chunkernels._graph import is_dask
 from chunkernels._shared import filters
@@ -417,13 +417,6 @@ def gaussian_gradient_magnitude(input, sigma, output=None, mode="reflect", cval=
                    cval=cval, axes=axes, truncate=truncate, radius=radius)
 
 
-def as_input(input):
-    """``input`` itself if it is a NumPy, CuPy or Dask array, else ``numpy.asarray(input)``."""
-    if isinstance(input, np.ndarray) or cuda.is_cupy_array(input) or is_dask(input):
-        return input
-    return np.asarray(input)
-
-
 #: The filters for which scipy promotes a real output dtype to complex (with a warning) when the
 #: input (or the weights) are complex, and refuses it for the others: the correlations, which
 #: take complex weights, and uniform_filter; gaussian_filter1d, a correlate1d there, promotes too.
@@ -436,7 +429,7 @@ def _filter(kernel, input, output, *, promotes=None, **params):
     ``promotes``: whether a real output dtype becomes complex for complex data (default: as
     scipy's function of that name does it, :data:`_PROMOTING`).
     """
-    x = as_input(input)
+    x = _graph.as_input(input, kernel)
     filters.check_dtype(x.dtype)
     if is_dask(x) and filters.is_array(output):
         raise TypeError(f"output= cannot be an array for a Dask input (the result is lazy); "
@@ -456,7 +449,7 @@ def _filter(kernel, input, output, *, promotes=None, **params):
                         f"{type(x).__module__} one; give an output on the input's device")
     result = apply(x, kernel, allow_rechunk=True, output=dtype, **params)
     if target is None:
-        return result
+        return filters.in_requested_byte_order(result, output)
     target[...] = result
     return target
 

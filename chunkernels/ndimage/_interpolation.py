@@ -19,8 +19,8 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from chunkernels import cuda
 from chunkernels._apply import apply
-from chunkernels._graph import is_dask
-from chunkernels._shared.filters import check_dtype, check_writable
+from chunkernels._graph import as_input, is_dask
+from chunkernels._shared.filters import check_dtype, check_writable, in_requested_byte_order
 from chunkernels._shared.interpolation import (PREPAD, PREPADDED, InterpolationError, check_mode,
                                                check_order)
 from chunkernels.interop import accepts_tensors
@@ -39,11 +39,6 @@ def _sequence(value, ndim, what) -> tuple:
 
 
 # -- public functions ---------------------------------------------------------------------------
-
-
-def _as_array(a):
-    """``a`` as NumPy, CuPy or Dask array (lists and scalars become NumPy arrays)."""
-    return a if is_dask(a) or cuda.is_cupy_array(a) or isinstance(a, np.ndarray) else np.asarray(a)
 
 
 def _check_dtype(dtype, what):
@@ -89,9 +84,11 @@ def _output(output, x, shape):
     return _check_dtype(dtype, "output"), None
 
 
-def _store(result, out):
+def _store(result, out, output):
+    """``result`` into ``out`` (an output array), else as returned: in the byte order of a
+    non-native ``output`` dtype, as SciPy returns it."""
     if out is None:
-        return result
+        return in_requested_byte_order(result, output)
     out[...] = result
     return out
 
@@ -190,14 +187,14 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
         warnings.warn(f"It is recommended to use mode = {suggest} instead of {mode} when "
                       f"grid_mode is True.", stacklevel=3)
     if identity and prefilter:  # SciPy's early exit (gh-20999)
-        return _store(x.astype(dtype, copy=True), out)
+        return _store(x.astype(dtype, copy=True), out, output)
     if math.prod(out_shape) == 0:  # nothing to interpolate (nor any block to plan)
         empty = cuda.array_module(x).empty(out_shape, dtype=dtype)
         if is_dask(x):
             import dask.array as da
 
             return da.from_array(empty, chunks=-1, asarray=False)
-        return _store(empty, out)
+        return _store(empty, out, output)
     if dtype.kind == "c" and x.dtype.kind != "c":
         # SciPy's C resampler writes no complex output for real data (it refuses it there, past
         # the copy and the empty result above)
@@ -216,7 +213,7 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
         chunks = default_chunks(taps, _padded_chunks(x.chunks, npad))
     result = apply(coefficients, "zoom", taps=taps, weights=weights, cval=cval, dtype=dtype,
                    chunks=chunks)
-    return _store(result, out)
+    return _store(result, out, output)
 
 
 @accepts_tensors("input", "output")
@@ -271,7 +268,7 @@ def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter
     spline orders. On the GPU, float32 inputs zoomed into float32 are prefiltered and summed in
     float32: within 1e-5 of SciPy for data in [0, 1].
     """
-    x = _as_array(input)
+    x = as_input(input, "zoom", chunk_sizes=True)
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     factors = _sequence(zoom, x.ndim, "zoom")
@@ -317,7 +314,7 @@ def resize(input, output_shape, output=None, order=3, mode="constant", cval=0.0,
     ValueError
         A negative length in ``output_shape``.
     """
-    x = _as_array(input)
+    x = as_input(input, "resize", chunk_sizes=True)
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     shape = tuple(_sequence(output_shape, x.ndim, "output_shape"))
@@ -355,12 +352,12 @@ def spline_filter1d(input, order=3, axis=-1, output=np.float64, mode="mirror"):
         The coefficients, of the input's type.
     """
     order = check_order(order)
-    x = _as_array(input)
+    x = as_input(input, "spline_filter1d", chunk_sizes=True)
     dtype, out = _output(output, x, x.shape)
     if order < 2:
-        return _store(x.astype(dtype, copy=True), out)
+        return _store(x.astype(dtype, copy=True), out, output)
     axis = normalize_axis_index(axis, x.ndim)
-    return _store(_coefficients(x, order, mode, dtype, axes=(axis,)), out)
+    return _store(_coefficients(x, order, mode, dtype, axes=(axis,)), out, output)
 
 
 @accepts_tensors("input", "output")
@@ -385,6 +382,6 @@ def spline_filter(input, order=3, output=np.float64, mode="mirror"):
         ``prefilter=False`` and the same ``mode``.
     """
     order = check_order(order, low=2)
-    x = _as_array(input)
+    x = as_input(input, "spline_filter", chunk_sizes=True)
     dtype, out = _output(output, x, x.shape)
-    return _store(_coefficients(x, order, mode, dtype), out)
+    return _store(_coefficients(x, order, mode, dtype), out, output)

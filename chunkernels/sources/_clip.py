@@ -16,7 +16,7 @@ import numpy as np
 
 from chunkernels import cuda
 from chunkernels._apply import apply
-from chunkernels._graph import in_memory_blocks, is_dask
+from chunkernels._graph import as_input, in_memory_blocks, is_dask
 from chunkernels.kernels import kappa_sigma_clip as ksc
 from chunkernels.sources import _clip_cluster
 from chunkernels.sources._passes import (
@@ -95,8 +95,7 @@ def kappa_sigma_clip(x, kappa=3.0, max_iters=None, return_mask=False):
     (True, True)
     """
     kappa, max_iters = _check_arguments(kappa, max_iters)
-    if not (is_dask(x) or cuda.is_cupy_array(x)):
-        x = np.asarray(x)
+    x = as_input(x, "kappa_sigma_clip", "x")
     ksc.check_dtype(x.dtype)
     if is_dask(x):
         if not _clip_cluster.held(x):

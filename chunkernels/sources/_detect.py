@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 
 from chunkernels._apply import apply
-from chunkernels._graph import is_dask
+from chunkernels._graph import as_input, is_dask
 from chunkernels.sources._clip import ClipResult, _check_arguments, kappa_sigma_clip
 
 
@@ -137,10 +137,10 @@ def find_sources(image, kappa=3.0, nsigma=5.0, structure=None):
                          f"(the lesson uses 5)")
     from chunkernels.ndimage import label, measure
 
+    # the labels need the chunks' sizes: refused here, before the background is computed
+    image = as_input(image, "find_sources", "image", chunk_sizes=True)
     if is_dask(image):
         image = image.persist()
-    elif not hasattr(image, "__cuda_array_interface__"):
-        image = np.asarray(image)
     background = kappa_sigma_clip(image, kappa)
     level = float(background.median) + nsigma * background.std
     mask = apply(image, "threshold", value=np.float64(level))
