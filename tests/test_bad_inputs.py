@@ -22,7 +22,8 @@ import chunkernels
 import chunkernels.metrics
 import chunkernels.signal  # imported here: a module imported under no_work would keep its fakes
 from chunkernels import UnknownChunkSizesError, UnknownKernelError, _graph, ndimage
-from chunkernels.ndimage import FilterArgumentError, InterpolationError, LabelError
+from chunkernels.ndimage import (FilterArgumentError, InterpolationError, LabelError,
+                                 NonFiniteError, NonFiniteZoomError, OutputTooLargeError)
 
 READ_ONLY = (r"^output array is read-only \(output\.flags\.writeable is False\), so the result "
              r"cannot be written into it; nothing was computed\. Pass a writeable array of the "
@@ -47,10 +48,24 @@ class Bad:
     message: str
 
 
+FINITE = "Parameters that must be finite numbers"
+TOO_LARGE = "Outputs no machine could hold"
 UNKNOWN = "Dask arrays with unknown chunk sizes"
 OUTPUTS = "Output arrays"
 INDEXES = "Labels and label indexes"
 KERNELS = "Kernels, parameters and pipelines"
+
+_SIGMA = (r"give the Gaussian's standard deviation in pixels \(axes with sigma <= 1e-15 are not "
+          r"filtered\)$")
+_TRUNCATE = (r"give the number of standard deviations at which the Gaussian is cut \(default "
+             r"4\.0\)$")
+_SIZE = r"give the filter's length in pixels \(sizes up to 1 leave an axis unfiltered\)$"
+_ZOOM = r"give the factor by which to scale each axis \(the output length is round\(n \* zoom\)\)$"
+_TOO_LARGE = (r"chunkernels refuses outputs over 256\.00 TiB \(2\*\*48 bytes\), more than any "
+              r"machine or cluster holds, before any work\. Check the zoom factors or output "
+              r"shape \(a factor meant for one axis given for all\?\), or zoom a region of the "
+              r"input$")
+
 
 def _unknown(who, name="input"):
     return (rf"{who}: {name} has unknown chunk sizes along axis 0; call "
@@ -60,6 +75,39 @@ def _unknown(who, name="input"):
 
 
 BAD_INPUTS = (
+    Bad(FINITE, "ndimage.gaussian_filter(x, sigma=np.inf)", NonFiniteError,
+        r"sigma must be a finite number: sigma=inf; " + _SIGMA),
+    Bad(FINITE, "ndimage.gaussian_filter(d, sigma=[1.0, np.nan])", NonFiniteError,
+        r"sigma must be a finite number: sigma=nan; " + _SIGMA),
+    Bad(FINITE, "ndimage.gaussian_filter(d, 2.0, truncate=np.nan)", NonFiniteError,
+        r"truncate must be a finite number: truncate=nan; " + _TRUNCATE),
+    Bad(FINITE, "ndimage.gaussian_filter(x, 2.0, truncate=np.inf, radius=3)", NonFiniteError,
+        r"truncate must be a finite number: truncate=inf; " + _TRUNCATE),
+    Bad(FINITE, "ndimage.gaussian_filter(x, 1e308, truncate=10.0)", NonFiniteError,
+        r"the Gaussian's radius int\(truncate \* sigma \+ 0\.5\) is infinite: sigma=1e\+308, "
+        r"truncate=10\.0; give a smaller sigma or truncate, or radius= in pixels$"),
+    Bad(FINITE, "ndimage.gaussian_filter1d(d, np.nan)", NonFiniteError,
+        r"sigma must be a finite number: sigma=nan; " + _SIGMA),
+    Bad(FINITE, "ndimage.gaussian_laplace(x, -np.inf)", NonFiniteError,
+        r"sigma must be a finite number: sigma=-inf; " + _SIGMA),
+    Bad(FINITE, "ndimage.gaussian_gradient_magnitude(d, 1.0, truncate=np.inf)", NonFiniteError,
+        r"truncate must be a finite number: truncate=inf; " + _TRUNCATE),
+    Bad(FINITE, "ndimage.uniform_filter(x, size=np.nan)", NonFiniteError,
+        r"size must be a finite number: size=nan; " + _SIZE),
+    Bad(FINITE, "ndimage.uniform_filter(d, size=[3, np.inf])", NonFiniteError,
+        r"size must be a finite number: size=inf; " + _SIZE),
+    Bad(FINITE, "ndimage.zoom(x, np.nan)", NonFiniteZoomError,
+        r"zoom must be a finite number: zoom=nan for axis 0; " + _ZOOM),
+    Bad(FINITE, "ndimage.zoom(d, [2.0, np.inf])", NonFiniteZoomError,
+        r"zoom must be a finite number: zoom=inf for axis 1; " + _ZOOM),
+    Bad(FINITE, "ndimage.zoom(x, 1e308)", NonFiniteZoomError,
+        r"zoom=1e\+308 gives an infinite output length along axis 0 \(of 20 samples\); " + _ZOOM),
+    Bad(TOO_LARGE, "ndimage.zoom(d, 1e6)", OutputTooLargeError,
+        r"zoom: the output would be 3\.41 PiB: shape \(20000000, 24000000\) of float64 from an "
+        r"input of shape \(20, 24\); " + _TOO_LARGE),
+    Bad(TOO_LARGE, "ndimage.resize(x, (2**25, 2**25), output=np.float32)", OutputTooLargeError,
+        r"resize: the output would be 4\.00 PiB: shape \(33554432, 33554432\) of float32 from an "
+        r"input of shape \(20, 24\); " + _TOO_LARGE),
     Bad(UNKNOWN, "ndimage.label(u > 0.5)", UnknownChunkSizesError, _unknown("label")),
     Bad(UNKNOWN, "ndimage.zoom(u, 2)", UnknownChunkSizesError, _unknown("zoom")),
     Bad(UNKNOWN, "ndimage.resize(u, (4, 5))", UnknownChunkSizesError, _unknown("resize")),

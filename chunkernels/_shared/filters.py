@@ -9,6 +9,7 @@ and raises before any work. The halo and Dask boundary of a kernel are derived f
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import operator
 import warnings
@@ -38,6 +39,16 @@ class FilterTypeError(TypeError, FilterArgumentError):
     axis, a size), a complex number where a real one is (a sigma, ``cval`` for real data).
 
     A ``TypeError``, as scipy.ndimage raises for these, and a :class:`FilterArgumentError`.
+    """
+
+
+class NonFiniteError(FilterArgumentError, OverflowError):
+    """A parameter that must be a finite number (a sigma, a truncation, a size) is NaN or
+    infinite, or gives an infinite radius.
+
+    A :class:`FilterArgumentError` (a ``ValueError``, what SciPy's ``int()`` raises for NaN) and
+    an ``OverflowError`` (what it raises for infinity), so code written against SciPy catches it
+    unchanged; the message names the parameter and its value, which SciPy's does not.
     """
 
 
@@ -87,11 +98,55 @@ def real_number(value, name: str) -> float:
     """``value`` as a float, or :class:`FilterTypeError` (a complex or a non-number).
 
     NumPy float scalars keep their type: scipy computes with the value as given (a float32 sigma
-    gives a Gaussian computed in float32).
+    gives a Gaussian computed in float32). A 0-d array is its scalar, as scipy reads it.
     """
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
     if not isinstance(value, numbers.Real):
         raise FilterTypeError(f"{name} must be a real number; got {value!r}")
     return value if isinstance(value, np.floating) else float(value)
+
+
+def finite(value, name: str, accepted: str, *, where: str = "",
+           error: type[Exception] = NonFiniteError):
+    """``value`` as :func:`real_number` gives it, if finite; else ``error`` naming ``name``, the
+    value (and ``where`` it was given, such as an axis) and saying what is ``accepted``.
+
+    The one check of every filter's (and zoom's) float parameters that become lengths: SciPy
+    turns them into integers with ``int()``, which says only "cannot convert float NaN to
+    integer" (or skips an axis silently, where a NaN sigma or size compares false with its
+    threshold). Refused here before any work, whatever the array.
+    """
+    value = real_number(value, name)
+    if not math.isfinite(value):
+        raise error(f"{name} must be a finite number: {name}={value!r}{where}; {accepted}")
+    return value
+
+
+SIGMA = "give the Gaussian's standard deviation in pixels (axes with sigma <= 1e-15 are not " \
+        "filtered)"
+TRUNCATE = "give the number of standard deviations at which the Gaussian is cut (default 4.0)"
+
+
+def gaussian_radius(sigma, truncate, radius=None) -> int:
+    """A Gaussian's radius as SciPy computes it: ``radius`` if given, else
+    ``int(truncate * sigma + 0.5)``, with ``sigma`` and ``truncate`` finite (:func:`finite`)
+    and a radius that is a non-negative integer."""
+    sigma = finite(sigma, "sigma", SIGMA)
+    truncate = finite(truncate, "truncate", TRUNCATE)
+    if radius is None:
+        reach = truncate * float(sigma) + 0.5
+        if not math.isfinite(reach):
+            raise NonFiniteError(
+                f"the Gaussian's radius int(truncate * sigma + 0.5) is infinite: sigma={sigma!r}, "
+                f"truncate={truncate!r}; give a smaller sigma or truncate, or radius= in pixels")
+        radius = int(reach)
+    if isinstance(radius, bool) or not isinstance(radius, numbers.Integral) or radius < 0:
+        raise FilterArgumentError(
+            f"Radius must be a nonnegative integer: radius={radius!r} (sigma={sigma}, "
+            f"truncate={truncate}); give radius >= 0, or sigma and truncate whose "
+            f"int(truncate * sigma + 0.5) is")
+    return int(radius)
 
 
 def canonical_mode(mode) -> str:

@@ -7,7 +7,6 @@ integer and float32 results round the way scipy's do between passes.
 
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 import scipy.ndimage as ndi
@@ -34,20 +33,15 @@ def validate(ndim, sigma, order=0, mode="reflect", cval=0.0, truncate=4.0, radiu
     are dropped, as scipy drops them."""
     axes = filters.check_axes(axes, ndim)
     count = len(axes)
-    sigmas = [filters.real_number(s, "sigma") for s in filters.per_axis(sigma, count, "sigma")]
+    sigmas = [filters.finite(s, "sigma", filters.SIGMA)
+              for s in filters.per_axis(sigma, count, "sigma")]
     orders = [_order(o) for o in filters.per_axis(order, count, "order")]
     modes = filters.per_axis(mode, count, "mode")  # checked on the axes filtered, as scipy checks
-    truncate = filters.real_number(truncate, "truncate")
+    truncate = filters.finite(truncate, "truncate", filters.TRUNCATE)
     keep = [i for i in range(count) if sigmas[i] > SIGMA_EPS]
     radii = filters.per_axis(radius, count, "radius")
     for i in keep:
-        r = int(truncate * float(sigmas[i]) + 0.5) if radii[i] is None else radii[i]
-        if not isinstance(r, numbers.Integral) or r < 0:
-            raise FilterArgumentError(
-                f"Radius must be a nonnegative integer: radius={r!r} (sigma={sigmas[i]}, "
-                f"truncate={truncate}); give radius >= 0, or sigma and truncate whose "
-                f"int(truncate * sigma + 0.5) is")
-        radii[i] = int(r)
+        radii[i] = filters.gaussian_radius(sigmas[i], truncate, radii[i])
     pick = lambda seq: tuple(seq[i] for i in keep)  # noqa: E731
     return {"sigma": pick(sigmas), "order": pick(orders),
             "mode": tuple(filters.canonical_mode(m) for m in pick(modes)),

@@ -44,12 +44,18 @@ def validate(ndim, size=3, mode="reflect", cval=0.0, origin=0, axes=None, output
 
 
 def _size(value) -> int:
-    """A filter size as scipy.ndimage.uniform_filter takes it: any real number, truncated by
-    ``int()`` (3.5 is 3; sizes up to 1 filter nothing). uniform_filter1d takes integers only."""
+    """A filter size as scipy.ndimage.uniform_filter takes it: any finite real number, truncated
+    by ``int()`` (3.5 is 3; sizes up to 1 filter nothing). uniform_filter1d takes integers only.
+
+    A NaN size, which SciPy skips (NaN > 1 is false), and an infinite one, which it cannot
+    truncate, are refused naming the size (:func:`~chunkernels._shared.filters.finite`)."""
     if isinstance(value, numbers.Real):
-        return int(value)
+        return int(filters.finite(value, "size", SIZE))
     raise FilterTypeError(f"size must be a real number: {value!r} cannot be compared with 1 "
                           f"(scipy.ndimage.uniform_filter truncates real sizes with int())")
+
+
+SIZE = "give the filter's length in pixels (sizes up to 1 leave an axis unfiltered)"
 
 
 def halo(ndim, *, size, origin, axes, **params):

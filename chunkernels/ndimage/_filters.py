@@ -153,20 +153,17 @@ def gaussian_filter1d(input, sigma, axis=-1, order=0, output=None, mode="reflect
         The filtered array, with the input's shape and type.
     """
     axis = filters.check_axis(axis, np.ndim(input))
-    sigma = filters.real_number(sigma, "sigma")
+    sigma = filters.finite(sigma, "sigma", filters.SIGMA)
     # gaussian_filter skips axes with sigma <= 1e-15; scipy's gaussian_filter1d builds the kernel
     # whatever sigma is, so a sigma that gives no kernel is an error here, as it is there
     if sigma == 0:
         raise FilterZeroDivisionError("sigma must be positive for gaussian_filter1d: sigma=0 "
                                       "gives no Gaussian kernel (gaussian_filter skips such "
                                       "axes)")
-    if radius is None and int(filters.real_number(truncate, "truncate") * sigma + 0.5) < 0:
-        raise FilterArgumentError(
-            f"Radius must be a nonnegative integer: sigma={sigma} and truncate={truncate} give a "
-            f"radius of {int(truncate * sigma + 0.5)}; give a positive sigma")
     if radius is not None and (not isinstance(radius, numbers.Integral) or radius < 0):
         raise FilterArgumentError(f"Radius must be a nonnegative integer: radius={radius!r}; "
                                   f"gaussian_filter1d takes one radius, an int >= 0")
+    filters.gaussian_radius(sigma, truncate, radius)  # a negative sigma's is refused, as scipy
     # scipy's gaussian_filter1d is a correlate1d, which makes a real output dtype complex for
     # complex data (gaussian_filter refuses it)
     return _filter("gaussian_filter", input, output, promotes=True, sigma=sigma, order=order,

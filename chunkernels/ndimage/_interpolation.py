@@ -22,7 +22,7 @@ from chunkernels._apply import apply
 from chunkernels._graph import as_input, is_dask
 from chunkernels._shared.filters import check_dtype, check_writable, in_requested_byte_order
 from chunkernels._shared.interpolation import (PREPAD, PREPADDED, InterpolationError, check_mode,
-                                               check_order)
+                                               check_order, check_output_size, output_shape)
 from chunkernels.interop import accepts_tensors
 from chunkernels.kernels.spline_filter import depth
 from chunkernels.kernels.zoom import default_chunks, zoom_tables
@@ -171,8 +171,9 @@ def _padded_chunks(chunks, npad):
                  for c in chunks)
 
 
-def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, identity):
-    """Zoom ``x`` (NumPy, CuPy or Dask) to ``out_shape``: prefilter, tables, resampling.
+def _resample(who, x, out_shape, output, order, mode, cval, prefilter, grid_mode, identity):
+    """Zoom ``x`` (NumPy, CuPy or Dask) to ``out_shape``: prefilter, tables, resampling, for
+    function ``who`` (zoom or resize).
 
     ``identity``: the zoom is by 1 on every axis, which SciPy answers with a copy of the input
     (cast to the output dtype) when prefiltering.
@@ -182,6 +183,7 @@ def _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, ide
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     dtype, out = _output(output, x, out_shape)
+    check_output_size(who, x.shape, out_shape, dtype)
     if grid_mode and mode in ("constant", "wrap"):
         suggest = "grid-constant" if mode == "constant" else "grid-wrap"
         warnings.warn(f"It is recommended to use mode = {suggest} instead of {mode} when "
@@ -272,17 +274,15 @@ def zoom(input, zoom, output=None, order=3, mode="constant", cval=0.0, prefilter
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     factors = _sequence(zoom, x.ndim, "zoom")
-    out_shape = tuple(int(round(n * float(f))) for n, f in zip(x.shape, factors))
-    if any(n < 0 for n in out_shape):
-        raise ValueError(f"negative dimensions are not allowed: zoom={zoom!r} gives the output "
-                         f"shape {out_shape} for an input of shape {x.shape}; give zoom >= 0")
+    out_shape = output_shape(x.shape, factors)
     if x.dtype.kind == "c":
         # SciPy zooms complex data as its real and imaginary parts without passing grid_mode on:
         # it is False for complex inputs there, and here too, so the results agree
         grid_mode = False
     # SciPy's early exit tests the factors: 1.01 on 5 samples still interpolates onto 5
     identity = all(f == 1 for f in factors)
-    return _resample(x, out_shape, output, order, mode, cval, prefilter, grid_mode, identity)
+    return _resample("zoom", x, out_shape, output, order, mode, cval, prefilter, grid_mode,
+                     identity)
 
 
 @accepts_tensors("input", "output")
@@ -323,7 +323,7 @@ def resize(input, output_shape, output=None, order=3, mode="constant", cval=0.0,
             raise ValueError(f"output_shape={tuple(output_shape)!r}: lengths must be "
                              f"non-negative integers")
     shape = tuple(int(n) for n in shape)
-    return _resample(x, shape, output, order, mode, cval, prefilter, grid_mode,
+    return _resample("resize", x, shape, output, order, mode, cval, prefilter, grid_mode,
                      shape == tuple(x.shape))
 
 
