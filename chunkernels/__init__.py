@@ -23,6 +23,7 @@ from chunkernels._errors import (
     KernelSpecError,
     LaunchFallbackError,
     LaunchFallbackWarning,
+    UnknownChunkSizesError,
     UnknownKernelError,
     UnsupportedBlockError,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "LaunchFallbackError",
     "LaunchFallbackWarning",
     "Pipeline",
+    "UnknownChunkSizesError",
     "UnknownKernelError",
     "UnsupportedBlockError",
     "apply",

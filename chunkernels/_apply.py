@@ -152,7 +152,8 @@ def apply(kind, /, x, kernel: str, *operands, strict: bool = False, align: bool 
     x
         A Dask array (NumPy or CuPy chunks), a ``numpy.ndarray``, a ``cupy.ndarray``, a
         ``torch.Tensor`` (CPU or CUDA; used in place, without a copy) or an
-        ``xarray.DataArray`` of any of these (:mod:`chunkernels.interop`).
+        ``xarray.DataArray`` of any of these (:mod:`chunkernels.interop`). Big-endian data (and
+        operands) are swapped to native byte order first.
     kernel
         Registered kernel name (``chunkernels.kernels()`` lists them).
     *operands
@@ -186,7 +187,10 @@ def apply(kind, /, x, kernel: str, *operands, strict: bool = False, align: bool 
         An operand does not broadcast to ``x`` or its chunks do not line up (and not ``align``).
     HaloError
         The halo is not smaller than the array along an axis of several chunks (and not
-        ``allow_rechunk``), or chunk sizes are unknown.
+        ``allow_rechunk``).
+    UnknownChunkSizesError
+        A Dask ``x`` whose chunk sizes are unknown (NaN) along an axis with a halo, or anywhere
+        for a kernel that plans its own graph (labels, measurements): a :class:`HaloError` too.
     UnsupportedBlockError
         Under ``strict=True``, a block the GPU path refuses.
     """
@@ -210,6 +214,9 @@ def apply_kernel(kind: ArrayKind | None, x, kernel: str, operands=(),
         raise TypeError(f"apply takes a dask.array.Array, numpy.ndarray or cupy.ndarray; got "
                         f"{type(x).__module__}.{type(x).__name__} (convert it with np.asarray, "
                         f"cupy.asarray or dask.array.from_array)")
+    # a graph that is not blockwise in x's chunks (labels, measurements) needs their sizes
+    x = _graph.as_input(x, spec.name, "x", chunk_sizes=spec.dask_graph is not None)
+    operands = tuple(_graph.native(o) if hasattr(o, "dtype") else o for o in operands)
     if kind.dask:
         if spec.dask_graph is not None:  # not blockwise in x's chunks
             return spec.dask_graph(x, *operands, strict=strict, **spec.params(x.ndim, params))
@@ -297,9 +304,7 @@ def _ensure_halo(label, x, ops, depth, allow_rechunk):
     for axis, (d, chunks) in enumerate(zip(depth, x.chunks)):
         if d == 0:
             continue
-        if any(np.isnan(c) for c in chunks):
-            raise HaloError(f"{label}: x has unknown chunk sizes along axis {axis}; call "
-                            f"x.compute_chunk_sizes() first")
+        _graph.check_chunk_sizes(x, label, "x", (axis,))
         if d >= x.shape[axis]:
             fixes[axis] = (x.shape[axis],)
     if fixes and not allow_rechunk:

@@ -36,6 +36,18 @@ class HaloError(ValueError):
     """A halo (overlap depth) that the chunks or the array cannot provide."""
 
 
+class UnknownChunkSizesError(HaloError):
+    """A Dask array whose chunk sizes are unknown (NaN, as boolean indexing such as ``x[x > 0]``
+    leaves them) given to work that needs them: a halo, a block's position in the array
+    (labels, measurements), output chunks planned from the input's (zoom).
+
+    Raised before any graph is built, by every entry point that needs the sizes
+    (:func:`chunkernels._graph.check_chunk_sizes`); the message says to call
+    ``x.compute_chunk_sizes()`` first. A ``ValueError``, as Dask raises for unknown chunk sizes,
+    and a :class:`HaloError`, which is what the filters raised for them before.
+    """
+
+
 class UnsupportedBlockError(TypeError):
     """A block the kernel's GPU path refuses (dtype, ndim, layout), raised under ``strict=True``."""
 

@@ -38,8 +38,58 @@ from typing import Any
 import numpy as np
 
 from chunkernels import _halo, cuda
+from chunkernels._errors import UnknownChunkSizesError
 from chunkernels._imports import current_client
 from chunkernels._kind import is_dask  # noqa: F401 - asked here by the layers above, as before
+
+
+# -- the entry: an array as every entry point takes it ---------------------------------------------
+
+
+def as_input(a, who: str, name: str = "input", *, chunk_sizes: bool = False):
+    """``a`` as chunkernels' entry points take it, decided once, before any work.
+
+    A NumPy, CuPy or Dask array is kept, anything else becomes ``numpy.asarray(a)``; a
+    non-native byte order (``>f8`` on little-endian machines: FITS data, big-endian files) is
+    swapped to native (:func:`native`), as SciPy reads such data; with ``chunk_sizes``, a Dask
+    array's chunk sizes must be known (:func:`check_chunk_sizes`, naming ``who`` and ``name``).
+    """
+    if not (isinstance(a, np.ndarray) or cuda.is_cupy_array(a) or is_dask(a)):
+        a = np.asarray(a)
+    a = native(a)
+    if chunk_sizes and is_dask(a):
+        check_chunk_sizes(a, who, name)
+    return a
+
+
+def native(a):
+    """NumPy or Dask array ``a`` in native byte order: ``a`` itself when it is, else a converted
+    copy (lazy, block by block, for Dask) of the same values, dtype ``a.dtype.newbyteorder("=")``.
+
+    CuPy arrays are always native. The result's dtype is what SciPy returns for such inputs
+    (``float64`` for ``>f8``): its filters compute in native types too.
+    """
+    if a.dtype.isnative:
+        return a
+    return a.astype(a.dtype.newbyteorder("="))
+
+
+def check_chunk_sizes(a, who: str, name: str = "x", axes: Iterable[int] | None = None) -> None:
+    """Refuse Dask array ``a`` if its chunk sizes along ``axes`` (default: every axis) are unknown.
+
+    The one check of every entry point that needs them (halos, labels, measurements, zoom), made
+    before a graph is built: without it the graph builds and fails at compute with Dask's
+    "cannot convert float NaN to integer". Raises :class:`~chunkernels.UnknownChunkSizesError`.
+    """
+    for axis in range(a.ndim) if axes is None else axes:
+        chunks = a.chunks[axis]
+        unknown = sum(1 for c in chunks if math.isnan(c))
+        if unknown:
+            raise UnknownChunkSizesError(
+                f"{who}: {name} has unknown chunk sizes along axis {axis}; call "
+                f"{name}.compute_chunk_sizes() first ({unknown} of its {len(chunks)} chunk(s) "
+                f"there have size NaN, as Dask leaves them after boolean indexing such as "
+                f"x[x > 0]; {who} needs every block's size and place in the array)")
 
 
 def tokenize(*args) -> str:

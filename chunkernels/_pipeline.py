@@ -99,6 +99,7 @@ class Pipeline:
         if kind is None:
             raise TypeError(f"a pipeline takes a dask.array.Array, numpy.ndarray or cupy.ndarray; "
                             f"got {type(x).__module__}.{type(x).__name__}")
+        x = _graph.as_input(x, f"pipeline {self.name}", "x")
         run = _Run(self.steps, x.ndim)  # validates every step's parameters for x.ndim
         if not kind.dask:
             return run(x)

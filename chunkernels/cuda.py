@@ -303,7 +303,8 @@ class Kernel:
             if driver.missing:
                 raise _NoLayout(driver.missing)
             self._handle = ctypes.c_void_p(_function_handle(raw))
-            self.layout = _parameter_layout(driver.param_info, self._handle)
+            self.layout = _parameter_layout(driver.param_info, self._handle,
+                                            driver.param_count)
         except _NoLayout as exc:
             self.fallback = str(exc)
             return
@@ -574,23 +575,25 @@ def _out_of_range(name, layout, args) -> KernelArgumentError:
                                f"({', '.join(_type_name(a) for a in args)})")
 
 
-def _parameter_layout(param_info, handle) -> tuple[tuple[int, int], ...]:
+def _parameter_layout(param_info, handle, param_count=None) -> tuple[tuple[int, int], ...]:
     """``(offset, size)`` in bytes of each parameter of the compiled function ``handle``, as the
-    driver's ``cuFuncGetParamInfo`` (``param_info``) reports them: asked for parameter 0, 1, ...
-    until it answers ``CUDA_ERROR_INVALID_VALUE``, past the last one."""
+    driver's ``cuFuncGetParamInfo`` (``param_info``) reports them.
+
+    Drivers with ``cuFuncGetParamCount`` (``param_count``) say how many there are; older ones
+    are asked for parameter 0, 1, ... until they answer ``CUDA_ERROR_INVALID_VALUE``, past the
+    last one (an API error that compute-sanitizer reports unless told not to).
+    """
     layout: list[tuple[int, int]] = []
     offset, size = ctypes.c_size_t(), ctypes.c_size_t()
-    retried = False
-    while len(layout) <= _MAX_PARAMETERS:
-        status = param_info(handle, len(layout), offset, size)
+    count = None
+    if param_count is not None:
+        _ask(param_count, "cuFuncGetParamCount", handle, ctypes.byref(size))
+        count = size.value
+    while len(layout) < (_MAX_PARAMETERS + 1 if count is None else count):
+        status = _ask(param_info, "cuFuncGetParamInfo", handle, len(layout), offset, size,
+                      past_the_end=count is None)
         if status == _INVALID_VALUE:
             break
-        if status == _INVALID_CONTEXT and not retried:  # see Kernel.__call__
-            retried = True
-            cupy().cuda.runtime.free(0)
-            continue
-        if status:
-            raise _NoLayout(f"the driver's cuFuncGetParamInfo failed with CUDA error {status}")
         layout.append((offset.value, size.value))
     end = 0
     for at, nbytes in layout:
@@ -599,6 +602,19 @@ def _parameter_layout(param_info, handle) -> tuple[tuple[int, int], ...]:
                             f"empty: {layout}")
         end = at + nbytes
     return tuple(layout)
+
+
+def _ask(entry, name, *args, past_the_end=False) -> int:
+    """``entry(*args)``'s status: 0, or ``CUDA_ERROR_INVALID_VALUE`` where ``past_the_end`` (a
+    parameter index past the last one); a thread without a current context gets one first
+    (``cudaFree(0)``, see :meth:`Kernel.__call__`); any other error is :class:`_NoLayout`."""
+    status = entry(*args)
+    if status == _INVALID_CONTEXT:
+        cupy().cuda.runtime.free(0)
+        status = entry(*args)
+    if status and not (past_the_end and status == _INVALID_VALUE):
+        raise _NoLayout(f"the driver's {name} failed with CUDA error {status}")
+    return status
 
 
 # a kernel's parameters take at most 32764 bytes (CUDA 12.1+), so at most that many of them
@@ -624,9 +640,10 @@ def _function_handle(raw) -> int:
 class _Driver:
     """The driver entry points a launch uses, or why they are ``missing``."""
 
-    def __init__(self, hold=None, release=None, param_info=None, missing=None):
+    def __init__(self, hold=None, release=None, param_info=None, missing=None, param_count=None):
         self.hold, self.release, self.param_info, self.missing = (hold, release, param_info,
                                                                   missing)
+        self.param_count = param_count  # cuFuncGetParamCount, where the driver has it
 
 
 @functools.cache
@@ -657,7 +674,12 @@ def _driver() -> _Driver:
     info.restype = ctypes.c_int
     size_p = ctypes.POINTER(ctypes.c_size_t)
     info.argtypes = [ctypes.c_void_p, ctypes.c_size_t, size_p, size_p]
-    return _Driver(hold, release, info)
+    # newer drivers say how many parameters a function has: then no query past the last one
+    count = getattr(released, "cuFuncGetParamCount", None)
+    if count is not None:
+        count.restype = ctypes.c_int
+        count.argtypes = [ctypes.c_void_p, size_p]
+    return _Driver(hold, release, info, param_count=count)
 
 
 def _driver_version(driver) -> str:

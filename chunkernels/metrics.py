@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from chunkernels._apply import apply, apply_kernel
+from chunkernels._graph import as_input
 from chunkernels._kind import CUPY, ArrayKind
 from chunkernels._registry import get, registered
 from chunkernels.interop import array_entry
@@ -79,6 +80,8 @@ def _metric(kind, name, a, b, **params):
     for image in (a, b):
         if not hasattr(image, "shape") or not hasattr(image, "dtype"):
             raise TypeError(f"{name} takes NumPy, CuPy or Dask arrays; got {type(image).__name__}")
+    a = as_input(a, name, "image_true", chunk_sizes=True)
+    b = as_input(b, name, "image_test", chunk_sizes=True)
     if a.shape != b.shape:
         raise ValueError(f"Input images must have the same dimensions. (shapes {a.shape} and "
                          f"{b.shape})")

@@ -13,6 +13,7 @@ import numpy as np
 
 from chunkernels import cuda
 from chunkernels._apply import apply_kernel
+from chunkernels._graph import as_input
 from chunkernels._dispatch import run_block
 from chunkernels._registry import get
 from chunkernels._shared.filters import FilterArgumentError
@@ -73,7 +74,7 @@ def convolve2d(kind, in1, in2, mode="full", boundary="fill", fillvalue=0):
         float16), or for ``mode='valid'`` inputs of which neither is at least as large as the
         other in every dimension.
     """
-    x = in1
+    x = as_input(in1, "convolve2d", "in1", chunk_sizes=True)
     spec = get("convolve2d")
     params = spec.params(x.ndim, {"weights": in2, "mode": mode, "boundary": boundary,
                                   "fillvalue": fillvalue})

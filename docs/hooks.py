@@ -11,6 +11,11 @@
   kernel adds its page to the site; a module without a page is a warning, which fails
   ``mkdocs build --strict``, and a page without a module is left out of the navigation, which
   the strict build also refuses.
+* ``<!-- bad-inputs -->`` becomes the table of bad inputs that ``tests/test_bad_inputs.py``
+  declares (``BAD_INPUTS``), each call run here and shown with the error it raises and the
+  first line of its message; ``<!-- bad-inputs: names -->`` becomes the code that makes the
+  arrays those calls use. A call that raises nothing, or another error than the table says, is
+  a warning.
 
 Loaded through ``hooks: [docs/hooks.py]`` in mkdocs.yml; excluded from the site itself.
 """
@@ -18,6 +23,7 @@ Loaded through ``hooks: [docs/hooks.py]`` in mkdocs.yml; excluded from the site 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import os
@@ -42,6 +48,8 @@ KERNELS_SECTION = "Kernels"
 SPEC_MARKER = re.compile(r"<!--\s*spec:\s*([A-Za-z_][A-Za-z0-9_]*)\s*-->")
 KERNELS_MARKER = re.compile(r"<!--\s*kernels\s*-->")
 CLI_MARKER = re.compile(r"<!--\s*cli:\s*([\w -]+?)\s*-->")
+BAD_INPUTS_MARKER = re.compile(r"<!--\s*bad-inputs\s*-->")
+BAD_INPUT_NAMES_MARKER = re.compile(r"<!--\s*bad-inputs:\s*names\s*-->")
 
 
 def _cell(text) -> str:
@@ -138,6 +146,60 @@ def kernels_nav(nav: list, pages: list[str]) -> list:
             return nav
     raise ValueError(f"mkdocs.yml's nav has no {KERNELS_SECTION!r} section for the kernel pages; "
                      f"sections: {[next(iter(e)) for e in nav if isinstance(e, dict)]}")
+@functools.cache
+def _bad_inputs():
+    """``tests/test_bad_inputs.py``, loaded once from its file (the tests are no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chunkernels_docs_bad_inputs",
+                                                  ROOT / "tests" / "test_bad_inputs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def _text(text: str) -> str:
+    """``text`` as plain Markdown in a table cell: no emphasis, links or HTML made of it."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return re.sub(r"([\\`*_\[\]|])", r"\\\1", text)
+
+
+def _kinds(error: type) -> str:
+    """The built-in exception types ``error`` is, which code catching SciPy's errors catches."""
+    builtin = [c for c in error.__mro__[1:]
+               if c.__module__ == "builtins" and c not in (Exception, BaseException, object)]
+    plain = [c.__name__ for c in builtin  # not ArithmeticError beside OverflowError
+             if not any(d is not c and issubclass(d, c) for d in builtin)]
+    return f" ({', '.join(plain)})" if plain else ""
+
+
+def bad_inputs_table(page_src: str) -> str:
+    """Markdown sections, one per topic, of the bad inputs the tests declare: the call, the
+    error it raises now, the first line of its message."""
+    module = _bad_inputs()
+    names = module.namespace()
+    sections: dict[str, list[str]] = {}
+    for case in module.BAD_INPUTS:
+        exc = module.raised(case, names)
+        if not isinstance(exc, case.error) or not re.match(case.message, str(exc)):
+            log.warning(f"{page_src}: {case.call} raised {exc!r}; tests/test_bad_inputs.py says "
+                        f"{case.error.__name__} matching {case.message!r}")
+            continue
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        sections.setdefault(case.topic, []).append(
+            f"| `{case.call}` | `{type(exc).__name__}`{_kinds(type(exc))} | {_text(first)} |")
+    out = []
+    for topic, rows in sections.items():
+        out += [f"## {topic}", "", "| call | raises | message |", "|---|---|---|", *rows, ""]
+    return "\n".join(out)
+
+
+def bad_input_names() -> str:
+    """The source of the function that makes the arrays the bad inputs' calls use."""
+    import inspect
+
+    return "```python\n" + inspect.getsource(_bad_inputs().namespace).rstrip() + "\n```"
 
 
 def on_files(files, config, **kwargs):
@@ -166,4 +228,6 @@ def on_page_markdown(markdown, page, config, files, **kwargs):
 
     markdown = SPEC_MARKER.sub(spec, markdown)
     markdown = CLI_MARKER.sub(lambda m: cli_output(m.group(1)), markdown)
+    markdown = BAD_INPUT_NAMES_MARKER.sub(lambda m: bad_input_names(), markdown)
+    markdown = BAD_INPUTS_MARKER.sub(lambda m: bad_inputs_table(page.file.src_uri), markdown)
     return KERNELS_MARKER.sub(lambda m: kernels_table(page.file.src_uri), markdown)

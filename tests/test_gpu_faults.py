@@ -352,6 +352,24 @@ def test_sanitizer_script_lists_its_cases(capsys):
             "halo-gather"} <= set(listed)
 
 
+def test_the_sanitizer_reports_the_kernels_errors_not_api_errors(tmp_path, capsys):
+    """Issue #20: memcheck reported the launcher's query past the last kernel parameter (how a
+    driver without cuFuncGetParamCount tells the count: CUDA_ERROR_INVALID_VALUE) as an error
+    on every case. The tool runs with ``--report-api-errors no``: memory errors are what fail a
+    case (a fake compute-sanitizer records how it is called)."""
+    seen = tmp_path / "argv"
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {seen}\n')
+    fake.chmod(0o755)
+    assert gpu_sanitizer.main(["--tool", "racecheck", "--sanitizer", str(fake), "--no-warm",
+                               "--case", "zoom"]) == 0
+    argv = seen.read_text().split()
+    assert argv[:2] == ["--tool", "racecheck"]
+    assert argv[argv.index("--report-api-errors") + 1] == "no"
+    assert argv[argv.index("--error-exitcode") + 1] == str(gpu_sanitizer.SANITIZER_ERROR)
+    assert "ok    zoom" in capsys.readouterr().out
+
+
 def test_label_halving_patch_applies_and_compiles(tmp_path):
     """``--label-halving`` rebuilds d79960e's label_tiles from today's label.cu: the lookup it
     replaces is still there, and the result compiles (nvcc, no GPU needed)."""

@@ -375,6 +375,33 @@ def test_parameter_layout_without_a_current_context_gets_one():
         cuda._parameter_layout(overlapping, ctypes.c_void_p(1))
 
 
+def test_parameter_layout_from_the_count_asks_nothing_past_the_last_parameter():
+    """Issue #20: compute-sanitizer reported the query past the last parameter (how drivers
+    without cuFuncGetParamCount tell the count) as an API error on every case. Where the driver
+    has it, the layout asks the count first and nothing beyond it."""
+    table = [(0, 8), (8, 4), (16, 8)]
+    asked = []
+
+    def count(handle, out):
+        ctypes.cast(out, ctypes.POINTER(ctypes.c_size_t))[0] = len(table)
+        return 0
+
+    def info(handle, index, offset, size):
+        asked.append(index)
+        if index >= len(table):
+            return 1  # CUDA_ERROR_INVALID_VALUE
+        offset.value, size.value = table[index]
+        return 0
+
+    assert cuda._parameter_layout(info, ctypes.c_void_p(1), count) == tuple(table)
+    assert asked == [0, 1, 2]
+    asked.clear()
+    assert cuda._parameter_layout(info, ctypes.c_void_p(1)) == tuple(table)
+    assert asked == [0, 1, 2, 3]  # without the count: one query past the end
+    with pytest.raises(cuda._NoLayout, match="cuFuncGetParamCount failed with CUDA error 500"):
+        cuda._parameter_layout(info, ctypes.c_void_p(1), lambda *a: 500)
+
+
 # -- streams, errors, contexts --------------------------------------------------------------------
 
 

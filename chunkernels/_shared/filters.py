@@ -9,6 +9,7 @@ and raises before any work. The halo and Dask boundary of a kernel are derived f
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import operator
 import warnings
@@ -41,6 +42,16 @@ class FilterTypeError(TypeError, FilterArgumentError):
     """
 
 
+class NonFiniteError(FilterArgumentError, OverflowError):
+    """A parameter that must be a finite number (a sigma, a truncation, a size) is NaN or
+    infinite, or gives an infinite radius.
+
+    A :class:`FilterArgumentError` (a ``ValueError``, what SciPy's ``int()`` raises for NaN) and
+    an ``OverflowError`` (what it raises for infinity), so code written against SciPy catches it
+    unchanged; the message names the parameter and its value, which SciPy's does not.
+    """
+
+
 class FilterAxisError(np.exceptions.AxisError, FilterArgumentError):
     """An axis out of range: NumPy's ``AxisError`` (a ``ValueError`` and an ``IndexError``), as
     scipy.ndimage raises, and a :class:`FilterArgumentError`."""
@@ -60,9 +71,12 @@ SCIPY_DTYPES = frozenset(np.dtype(d) for d in (
 
 def check_dtype(dtype, what: str = "input", *, error=None,
                 takes: str = "the filters take") -> np.dtype:
-    """``dtype`` if scipy.ndimage takes it (its filters, and its interpolation), else ``error``
-    (default :class:`FilterArgumentError`) saying what ``takes`` the accepted dtypes."""
+    """``dtype`` in native byte order if scipy.ndimage takes it (its filters, and its
+    interpolation), else ``error`` (default :class:`FilterArgumentError`) saying what ``takes``
+    the accepted dtypes. Either byte order is taken, as SciPy takes it (``>f8`` is float64)."""
     dtype = np.dtype(dtype)
+    if not dtype.isnative and dtype.fields is None:
+        dtype = dtype.newbyteorder("=")
     if dtype not in SCIPY_DTYPES:
         accepted = ", ".join(sorted(d.name for d in SCIPY_DTYPES))
         raise (error or FilterArgumentError)(
@@ -84,11 +98,55 @@ def real_number(value, name: str) -> float:
     """``value`` as a float, or :class:`FilterTypeError` (a complex or a non-number).
 
     NumPy float scalars keep their type: scipy computes with the value as given (a float32 sigma
-    gives a Gaussian computed in float32).
+    gives a Gaussian computed in float32). A 0-d array is its scalar, as scipy reads it.
     """
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
     if not isinstance(value, numbers.Real):
         raise FilterTypeError(f"{name} must be a real number; got {value!r}")
     return value if isinstance(value, np.floating) else float(value)
+
+
+def finite(value, name: str, accepted: str, *, where: str = "",
+           error: type[Exception] = NonFiniteError):
+    """``value`` as :func:`real_number` gives it, if finite; else ``error`` naming ``name``, the
+    value (and ``where`` it was given, such as an axis) and saying what is ``accepted``.
+
+    The one check of every filter's (and zoom's) float parameters that become lengths: SciPy
+    turns them into integers with ``int()``, which says only "cannot convert float NaN to
+    integer" (or skips an axis silently, where a NaN sigma or size compares false with its
+    threshold). Refused here before any work, whatever the array.
+    """
+    value = real_number(value, name)
+    if not math.isfinite(value):
+        raise error(f"{name} must be a finite number: {name}={value!r}{where}; {accepted}")
+    return value
+
+
+SIGMA = "give the Gaussian's standard deviation in pixels (axes with sigma <= 1e-15 are not " \
+        "filtered)"
+TRUNCATE = "give the number of standard deviations at which the Gaussian is cut (default 4.0)"
+
+
+def gaussian_radius(sigma, truncate, radius=None) -> int:
+    """A Gaussian's radius as SciPy computes it: ``radius`` if given, else
+    ``int(truncate * sigma + 0.5)``, with ``sigma`` and ``truncate`` finite (:func:`finite`)
+    and a radius that is a non-negative integer."""
+    sigma = finite(sigma, "sigma", SIGMA)
+    truncate = finite(truncate, "truncate", TRUNCATE)
+    if radius is None:
+        reach = truncate * float(sigma) + 0.5
+        if not math.isfinite(reach):
+            raise NonFiniteError(
+                f"the Gaussian's radius int(truncate * sigma + 0.5) is infinite: sigma={sigma!r}, "
+                f"truncate={truncate!r}; give a smaller sigma or truncate, or radius= in pixels")
+        radius = int(reach)
+    if isinstance(radius, bool) or not isinstance(radius, numbers.Integral) or radius < 0:
+        raise FilterArgumentError(
+            f"Radius must be a nonnegative integer: radius={radius!r} (sigma={sigma}, "
+            f"truncate={truncate}); give radius >= 0, or sigma and truncate whose "
+            f"int(truncate * sigma + 0.5) is")
+    return int(radius)
 
 
 def canonical_mode(mode) -> str:
@@ -198,6 +256,19 @@ def _requested_dtype(output) -> np.dtype | None:
     if not issubclass(dtype.type, np.number | np.bool_):
         raise FilterArgumentError(f"output must have numeric dtype; got {dtype}")
     return dtype
+
+
+def in_requested_byte_order(result, output):
+    """``result`` in the byte order ``output`` asked for, where it is a dtype of non-native byte
+    order (``'>f8'``): SciPy returns that dtype, while chunkernels computes in native ones
+    (:func:`check_dtype`). CuPy arrays, which are native only, and promoted results (a real
+    dtype asked for complex data) stay as they are; an output array is filled as it is."""
+    if output is None or is_array(output) or cuda.is_cupy_array(result):
+        return result
+    requested = np.dtype(output)
+    if requested.isnative or requested.newbyteorder("=") != result.dtype:
+        return result
+    return result.astype(requested)
 
 
 def result_dtype(x_dtype, *operand_dtypes, output=None, weights=None, **params) -> np.dtype:
@@ -313,21 +384,244 @@ def gaussian_weights(sigma: float, order: int, radius: int) -> np.ndarray:
     reversed; the reversal is included here. Cached (every block of a Dask array asks for the
     same weights), so the array is read-only.
     """
-    sigma2 = sigma * sigma
     x = np.arange(-radius, radius + 1)
-    phi = np.exp(-0.5 / sigma2 * x**2)
+    phi = _phi(sigma, x)
     phi = phi / phi.sum()
     if order == 0:
         return _read_only(phi[::-1].copy())
-    # f(x) = q(x) phi(x); each derivative maps q to q' + q p' with p'(x) = -x / sigma^2
+    return _read_only((_derivative_factor(sigma, order, x) * phi)[::-1].copy())
+
+
+def _phi(sigma, x):
+    """scipy's unnormalised Gaussian at integer offsets ``x``."""
+    return np.exp(-0.5 / (sigma * sigma) * x**2)
+
+
+def _derivative_factor(sigma, order, x):
+    """scipy's ``q(x)``: the Gaussian's derivative of ``order`` is ``q(x) phi(x)``; each derivative
+    maps ``q`` to ``q' + q p'`` with ``p'(x) = -x / sigma^2``."""
     exponents = np.arange(order + 1)
     q = np.zeros(order + 1)
     q[0] = 1
-    deriv = np.diag(exponents[1:], 1) + np.diag(np.ones(order) / -sigma2, -1)
+    deriv = np.diag(exponents[1:], 1) + np.diag(np.ones(order) / -(sigma * sigma), -1)
     for _ in range(order):
         q = deriv.dot(q)
-    q = (x[:, None] ** exponents).dot(q)
-    return _read_only((q * phi)[::-1].copy())
+    return (x[:, None] ** exponents).dot(q)
+
+
+# -- taps that reach past the array: folded onto its own values ------------------------------------
+#
+# A filter whose taps reach further from the centre than the axis is long (sigma=1e9 on 20
+# samples, uniform_filter(size=10**6), 1000 weights on 30 samples) reads beyond the array only
+# what its edge mode makes there: reflect, mirror and wrap extend it periodically, nearest
+# repeats its edge values, constant adds cval. So every weight beyond the offsets -n..n of an
+# axis of n samples multiplies a value that a tap inside -n..n reads too, for every output: the
+# same point of the period, or (nearest, constant) the value the tap at -n or n reads, which is
+# beyond the edge for every output. Added onto that tap (*folded*), the 2n + 1 taps give SciPy's
+# sums, whatever the parameters, with the work and memory of a filter as wide as the array;
+# the results are SciPy's up to rounding (the sums are added in another order). The kernels fold
+# where a block is shorter than the taps' reach, which happens only where the block is the whole
+# axis (a Dask axis is made one chunk first where the halo is not smaller than it).
+
+
+def period(mode: str, n: int) -> int | None:
+    """The period of ``mode``'s extension of an axis of ``n`` samples: wrap ``n``, reflect
+    ``2n``, mirror ``2n - 2`` (at least 1); ``None`` for nearest and constant."""
+    p = {"wrap": n, "reflect": 2 * n, "mirror": 2 * n - 2}.get(mode)
+    return None if p is None else max(p, 1)
+
+
+def folds(reach: int, n: int) -> bool:
+    """Whether taps reaching ``reach`` from the centre pass beyond an axis of ``n`` samples, and
+    are folded onto it (:func:`fold`)."""
+    return reach > n
+
+
+def folded_taps(m: int, origin: int, n: int) -> int:
+    """How many taps ``m`` taps shifted by ``origin`` are along an axis of ``n`` samples once
+    folded (``2n + 1`` where they reach beyond it, else ``m``)."""
+    return 2 * n + 1 if folds(reach(m, origin), n) else m
+
+
+def _bins(offsets, n: int, mode: str):
+    """The taps ``0..2n`` (offsets ``-n..n``) onto which taps at ``offsets`` fold."""
+    p = period(mode, n)
+    if p is None:  # nearest, constant: everything beyond the edge reads what offset -n or n reads
+        return np.clip(offsets, -n, n) + n
+    return (offsets + n) % p  # the same point of the period, among -n .. -n + p - 1
+
+
+def fold(weights, origin: int, n: int, mode: str, axis: int = 0):
+    """``(weights, origin)`` of a correlation along ``axis`` (of ``n`` samples, with ``mode``)
+    equal to the given one: the weights folded onto ``2n + 1`` taps and origin 0 where they
+    reach beyond the axis, else unchanged. N-D weights fold along ``axis`` only."""
+    m = weights.shape[axis]
+    if not folds(reach(m, origin), n):
+        return weights, origin
+    bins = _bins(np.arange(m) - m // 2 - origin, n, mode)
+    moved = np.moveaxis(np.asarray(weights), axis, 0)
+    if moved.ndim == 1 and moved.dtype.kind == "f":  # bincount: 20 times np.add.at's speed
+        return _read_only(np.bincount(bins, weights=moved, minlength=2 * n + 1)), 0
+    out = np.zeros((2 * n + 1, *moved.shape[1:]), dtype=moved.dtype)
+    np.add.at(out, bins, moved)
+    return _read_only(np.ascontiguousarray(np.moveaxis(out, 0, axis))), 0
+
+
+def fold_all(weights, origins, shape, mode: str):
+    """:func:`fold` along every axis of N-D ``weights`` (one origin per axis) for an array of
+    ``shape`` and one ``mode``: ``(weights, origins)``, the same objects where nothing folds."""
+    origins = list(origins)
+    for axis, n in enumerate(shape):
+        weights, origins[axis] = fold(weights, origins[axis], n, mode, axis)
+    return weights, tuple(origins)
+
+
+def gaussian_pass_weights(sigma, order: int, radius: int, n: int, mode: str) -> np.ndarray:
+    """A Gaussian pass's correlation weights along an axis of ``n`` samples (origin 0):
+    :func:`gaussian_weights`, folded (:func:`folded_gaussian_weights`) where ``radius`` passes
+    beyond the axis."""
+    if folds(radius, n):
+        return folded_gaussian_weights(sigma, order, radius, n, mode)
+    return gaussian_weights(sigma, order, radius)
+
+
+#: A Gaussian's weights are exactly 0.0 beyond this many sigmas: exp(-39**2 / 2) underflows.
+UNDERFLOW = 39
+#: Folded Gaussians of up to this many nonzero weights are summed one by one, in pieces of
+#: PIECE (a few milliseconds per million); wider ones, by far wider than the period they fold
+#: onto, by the Euler-Maclaurin formula (:func:`_lattice_sums`).
+DIRECT = 2**22
+PIECE = 2**20
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def folded_gaussian_weights(sigma, order: int, radius: int, n: int, mode: str) -> np.ndarray:
+    """:func:`fold` of ``gaussian_weights(sigma, order, radius)`` for an axis of ``n`` samples,
+    computed without making those weights (a sigma of 1e9 has 8e9 of them).
+
+    Up to :data:`DIRECT` nonzero weights are computed as SciPy computes them and added into
+    their taps piece by piece; a Gaussian wider than that and at least 8 times its period (or
+    8 samples, for nearest and constant, whose tails fold onto one tap each) is summed per tap
+    with the Euler-Maclaurin formula, exact to rounding there. Cached, read-only.
+    """
+    reach_ = min(radius, math.ceil(UNDERFLOW * float(sigma)))
+    if reach_ > DIRECT and float(sigma) >= 8 * (period(mode, n) or 1):
+        return _read_only(_folded_gaussian_em(sigma, order, radius, n, mode))
+    return _read_only(_folded_gaussian_direct(sigma, order, reach_, n, mode))
+
+
+def _pieces(reach_: int):
+    for start in range(-reach_, reach_ + 1, PIECE):
+        yield np.arange(start, min(start + PIECE, reach_ + 1))
+
+
+def _folded_gaussian_direct(sigma, order, reach_, n, mode):
+    """The weights at offsets ``-reach_..reach_`` (the others are 0.0) as SciPy makes them,
+    normalised by the sum of all, added into their taps."""
+    total = sum(_phi(sigma, x).sum() for x in _pieces(reach_))
+    out = np.zeros(2 * n + 1)
+    for x in _pieces(reach_):
+        kernel = _phi(sigma, x) / total
+        if order:
+            kernel = _derivative_factor(sigma, order, x) * kernel
+        # the correlation's weight at offset o is the kernel's at -o
+        out += np.bincount(_bins(-x, n, mode), weights=kernel, minlength=2 * n + 1)
+    return out
+
+
+def _folded_gaussian_em(sigma, order, radius, n, mode):
+    """The folded weights summed over each tap's offsets by :func:`_lattice_sums`.
+
+    In ``t = offset / sigma`` the correlation weight at an offset is
+    ``(-1)**order * sigma**-order * Q(t) * exp(-t**2 / 2) / S``: ``Q`` is scipy's ``q`` scaled
+    (``Q' - t Q`` per derivative), ``S`` the sum of the Gaussian over ``-radius..radius``.
+    """
+    poly = np.polynomial.Polynomial
+    q = poly([1.0])
+    for _ in range(order):
+        q = q.deriv() - poly([0.0, 1.0]) * q
+    g = q * (-1) ** order
+    s = float(sigma)
+    r = float(radius)
+    scale = s ** -order / _lattice_sums(poly([1.0]), s, np.array([-r]), np.array([r]), 1.0)[0]
+    out = np.zeros(2 * n + 1)
+    p = period(mode, n)
+    if p is None:
+        inside = np.arange(-n + 1, n, dtype=np.float64)
+        out[1:-1] = g(inside / s) * np.exp(-0.5 * (inside / s) ** 2)
+        out[[0, -1]] = _lattice_sums(g, s, np.array([-r, float(n)]), np.array([-float(n), r]),
+                                     1.0)
+    else:
+        c = np.arange(-n, -n + p, dtype=np.float64)
+        first = c - p * np.floor((r + c) / p)   # the first offset >= -radius of each tap
+        last = c + p * np.floor((r - c) / p)    # the last <= radius
+        out[:p] = _lattice_sums(g, s, first, last, float(p))
+    return out * scale
+
+
+#: B_2k / (2k)! for k = 1..8: the Euler-Maclaurin formula's coefficients.
+_EM = (1 / 12, -1 / 720, 1 / 30240, -1 / 1209600, 1 / 47900160, -691 / 1307674368000,
+       1 / 74724249600, -3617 / 10670622842880000)
+
+
+def _lattice_sums(g, sigma, first, last, step):
+    """``sum(f(o) for o in range(first, last + 1, step))`` per entry of ``first`` and ``last``,
+    for ``f(o) = g(o / sigma) * exp(-(o / sigma)**2 / 2)``, ``g`` a polynomial and
+    ``sigma >= 8 * step``: the Euler-Maclaurin formula, ``integral / step + (f(first) +
+    f(last)) / 2 + sum_k B_2k / (2k)! * step**(2k-1) * (f^(2k-1)(last) - f^(2k-1)(first))``.
+
+    ``f``'s derivatives are polynomials times the Gaussian (``g' - t g`` per derivative, in
+    ``t``), so the terms fall as ``(step / (2 pi sigma))**2`` each: eight of them leave less
+    than 1e-20 of the sum.
+    """
+    ta, tb = first / sigma, last / sigma
+    ea, eb = np.exp(-0.5 * ta * ta), np.exp(-0.5 * tb * tb)
+    total = sigma * _gaussian_moments(g.coef, ta, tb) / step + (g(ta) * ea + g(tb) * eb) / 2
+    derivative = g
+    t = np.polynomial.Polynomial([0.0, 1.0])
+    for k, coefficient in enumerate(_EM, 1):
+        derivative = derivative.deriv() - t * derivative
+        total += coefficient * (step / sigma) ** (2 * k - 1) * (derivative(tb) * eb
+                                                                - derivative(ta) * ea)
+        derivative = derivative.deriv() - t * derivative
+    return total
+
+
+def _gaussian_moments(coef, ta, tb):
+    """``integral of sum_i coef[i] t**i exp(-t**2 / 2) dt`` from ``ta`` to ``tb``, term by term
+    (``J_i = ta**(i-1) e(ta) - tb**(i-1) e(tb) + (i - 1) J_(i-2)``); ``J_0`` from ``erfc`` on the
+    side of 0 where both ends are, so tails keep their digits."""
+    from scipy.special import erfc
+
+    ea, eb = np.exp(-0.5 * ta * ta), np.exp(-0.5 * tb * tb)
+    root = math.sqrt(0.5)
+    j0 = math.sqrt(math.pi / 2) * np.where(
+        ta >= 0, erfc(ta * root) - erfc(tb * root),
+        np.where(tb <= 0, erfc(-tb * root) - erfc(-ta * root),
+                 2 - erfc(tb * root) - erfc(-ta * root)))
+    moments = [j0, ea - eb]
+    for i in range(2, len(coef)):
+        moments.append(ta ** (i - 1) * ea - tb ** (i - 1) * eb + (i - 1) * moments[i - 2])
+    return sum(c * m for c, m in zip(coef, moments))
+
+
+@functools.lru_cache(maxsize=256)
+def folded_uniform_counts(size: int, origin: int, n: int, mode: str) -> np.ndarray:
+    """:func:`fold` of ``size`` unit weights shifted by ``origin`` onto an axis of ``n`` samples:
+    how many of them land on each tap, exact integers (as float64), counted without making them.
+    Divided by ``size``, the uniform filter's mean. Cached, read-only."""
+    lo = -(size // 2) - origin
+    hi = lo + size - 1
+    p = period(mode, n)
+    out = np.zeros(2 * n + 1)
+    if p is None:
+        offsets = np.arange(-n, n + 1)
+        out[:] = (offsets >= lo) & (offsets <= hi)
+        out[0] = max(0, min(hi, -n) - lo + 1)
+        out[-1] = max(0, hi - max(lo, n) + 1)
+    else:  # the offsets in lo..hi congruent to each tap's, in exact integers
+        out[:p] = [(hi - c) // p + (c - lo) // p + 1 for c in range(-n, -n + p)]
+    return _read_only(out)
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

@@ -15,7 +15,13 @@ from chunkernels.kernels import correlate, correlate1d
 
 
 def reference(x, *, weights, origin, mode="reflect", cval=0.0, output=None):
-    """CPU reference: ``scipy.ndimage.convolve``."""
+    """CPU reference: ``scipy.ndimage.convolve``; where the weights reach beyond an axis, the
+    equal correlation with them folded onto it (:func:`~chunkernels._shared.filters.fold_all`)."""
+    corr, corr_origin = as_correlation(weights, origin)
+    if any(filters.folds(filters.reach(m, o), n)
+           for m, o, n in zip(corr.shape, corr_origin, x.shape)):
+        return correlate.reference(x, weights=corr, origin=corr_origin, mode=mode, cval=cval,
+                                   output=output)
     return ndi.convolve(x, weights, output, mode, cval, list(origin))
 
 
@@ -38,6 +44,12 @@ def dispatch(x, *, weights, origin, mode, cval, output):
                               output=output)
 
 
+def supports(x, *, weights, origin, **params):
+    """correlate's, for the equivalent correlation."""
+    weights, origin = as_correlation(weights, origin)
+    return correlate.supports(x, weights=weights, origin=origin, **params)
+
+
 SPEC = KernelSpec(
     name="convolve",
     summary="N-D convolution with N-D weights, scipy.ndimage modes; reference scipy.ndimage.convolve",
@@ -51,7 +63,7 @@ SPEC = KernelSpec(
     halo_rule="weights.shape[k] // 2 + |origin'[k]| per axis (origin' = -origin, minus 1 if even)",
     boundary=filters.boundary,
     result_dtype=filters.result_dtype,
-    supports=correlate.supports,
+    supports=supports,
     validate=correlate.validate,
     cases=correlate.cases,
 )

@@ -14,7 +14,12 @@ from chunkernels.kernels import correlate1d
 
 
 def reference(x, *, weights, axis=-1, mode="reflect", cval=0.0, origin=0, output=None):
-    """CPU reference: ``scipy.ndimage.convolve1d``."""
+    """CPU reference: ``scipy.ndimage.convolve1d``; where the weights reach beyond the axis, the
+    equal correlation with them folded onto it (:func:`~chunkernels._shared.filters.fold`)."""
+    corr, corr_origin = as_correlation(weights, origin)
+    if filters.folds(filters.reach(len(corr), corr_origin), x.shape[axis]):
+        return correlate1d.reference(x, weights=corr, axis=axis, mode=mode, cval=cval,
+                                     origin=corr_origin, output=output)
     return ndi.convolve1d(x, weights, axis, output, mode, cval, origin)
 
 
@@ -32,8 +37,14 @@ def halo(ndim, *, weights, axis, origin, **params):
 def dispatch(x, *, weights, axis, mode, cval, origin, output):
     """GPU path: the equivalent correlation, one separable pass."""
     weights, origin = as_correlation(weights, origin)
-    return correlate1d.pass_gpu(x, weights, axis, mode, cval, origin,
-                                filters.result_dtype(x.dtype, output=output))
+    return correlate1d.dispatch(x, weights=weights, axis=axis, mode=mode, cval=cval,
+                                origin=origin, output=output)
+
+
+def supports(x, *, weights, origin=0, **params):
+    """correlate1d's, for the equivalent correlation."""
+    weights, origin = as_correlation(weights, origin)
+    return correlate1d.supports(x, weights=weights, origin=origin, **params)
 
 
 SPEC = correlate1d.separable_spec(
@@ -44,7 +55,7 @@ SPEC = correlate1d.separable_spec(
     ndim=(1, None),
     halo=halo,
     halo_rule="len(weights) // 2 + |origin'| along axis (origin' = -origin, minus 1 if even)",
-    supports=correlate1d.supports,
+    supports=supports,
     validate=correlate1d.validate,
     cases=correlate1d.cases,
 )

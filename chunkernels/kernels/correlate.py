@@ -23,7 +23,9 @@ _TILE = (64, 64)    # outputs per tile along dims 1 and 2 (BY, BX in correlate.c
 
 
 def reference(x, *, weights, origin, mode="reflect", cval=0.0, output=None):
-    """CPU reference: ``scipy.ndimage.correlate``."""
+    """CPU reference: ``scipy.ndimage.correlate``, with weights that reach beyond an axis folded
+    onto it first (:func:`~chunkernels._shared.filters.fold_all`)."""
+    weights, origin = filters.fold_all(weights, origin, x.shape, mode)
     return ndi.correlate(x, weights, output, mode, cval, list(origin))
 
 
@@ -60,16 +62,19 @@ def halo(ndim, *, weights, origin, **params):
 
 
 def dispatch(x, *, weights, origin, mode, cval, output):
-    """GPU path: the N-D tile kernel."""
+    """GPU path: the N-D tile kernel, the weights folded as the reference's."""
+    weights, origin = filters.fold_all(weights, origin, x.shape, mode)
     starts = [-(m // 2 + o) for m, o in zip(weights.shape, origin)]
     out_dtype = filters.result_dtype(x.dtype, output=output)
     return correlate_gpu(x, weights, starts, x.shape, mode, cval, out_dtype,
                          correlate1d.accumulator(x.dtype, out_dtype))
 
 
-def supports(x, *, weights, output=None, **params):
-    """The tile kernel: real weights, at most three filtered axes, a tile that fits."""
+def supports(x, *, weights, origin, mode="reflect", output=None, **params):
+    """The tile kernel: real weights, at most three filtered axes, a tile that fits (of the
+    weights folded where they reach beyond an axis)."""
     out_dtype = filters.result_dtype(x.dtype, output=output, weights=weights)
+    weights, _ = filters.fold_all(weights, origin, x.shape, mode)
     return nd_supports(x, weights, out_dtype, correlate1d.accumulator(x.dtype, out_dtype))
 
 
@@ -252,6 +257,9 @@ def cases(rng):
     yield random_array(rng, (20, 9, 10), "float32").transpose(2, 0, 1)[:, ::-1], (), {
         "weights": rng.standard_normal((3, 2, 3)), "mode": "wrap"}
     yield random_array(rng, (40, 30), "int32"), (), {"weights": rng.standard_normal(3), "axes": (1,)}
+    # weights reaching beyond the array: folded onto it
+    yield random_array(rng, (4, 5), "float64"), (), {"weights": rng.standard_normal((13, 11)),
+                                                     "mode": "wrap", "origin": (2, -1)}
 
 
 SPEC = KernelSpec(

@@ -33,7 +33,9 @@ _DEFAULT_SMEM = 48 * 1024
 
 
 def reference(x, *, weights, axis=-1, mode="reflect", cval=0.0, origin=0, output=None):
-    """CPU reference: ``scipy.ndimage.correlate1d``."""
+    """CPU reference: ``scipy.ndimage.correlate1d``, with weights that reach beyond the axis
+    folded onto it first (:func:`~chunkernels._shared.filters.fold`)."""
+    weights, origin = filters.fold(weights, origin, x.shape[axis], mode)
     return ndi.correlate1d(x, weights, axis, output, mode, cval, origin)
 
 
@@ -55,16 +57,18 @@ def halo(ndim, *, weights, axis, origin, **params):
 
 
 def dispatch(x, *, weights, axis, mode, cval, origin, output):
-    """GPU path: one separable pass (:func:`pass_gpu`)."""
+    """GPU path: one separable pass (:func:`pass_gpu`), the weights folded as the reference's."""
+    weights, origin = filters.fold(weights, origin, x.shape[axis], mode)
     return pass_gpu(x, weights, axis, mode, cval, origin,
                     filters.result_dtype(x.dtype, output=output))
 
 
-def supports(x, *, weights, output=None, **params):
+def supports(x, *, weights, axis, origin=0, output=None, **params):
     """The CUDA pass takes real weights, the GPU dtypes, and a tile that fits in shared memory."""
     out_dtype = filters.result_dtype(x.dtype, output=output, weights=weights)
+    taps = filters.folded_taps(len(weights), origin, x.shape[axis])
     return gpu_supports(x, out_dtype, weights=weights,
-                        smem=pass_smem(len(weights), accumulator(x.dtype, out_dtype).itemsize))
+                        smem=pass_smem(taps, accumulator(x.dtype, out_dtype).itemsize))
 
 
 def gpu_supports(x, out_dtype, *, weights=None, smem=0):
@@ -274,6 +278,9 @@ def cases(rng):
     yield random_array(rng, (23, 31), "float32"), (), {"weights": rng.standard_normal(4), "origin": -2}
     yield random_array(rng, (8, 9, 10), "float32").transpose(2, 0, 1)[::-1], (), {"weights": w5, "axis": 1, "mode": "wrap"}
     yield random_array(rng, (40, 30), "uint8", nonnegative=True), (), {"weights": [0.25, 0.5, 0.25], "axis": 1}
+    # weights reaching beyond the axis: folded onto it
+    yield random_array(rng, (5, 7), "float64"), (), {"weights": rng.standard_normal(31), "axis": 0,
+                                                     "mode": "nearest", "origin": 6}
 
 
 #: Instantiations of the separable pass that CI compiles with nvcc (tests/test_nvcc.py): all of

@@ -7,9 +7,6 @@ integer and float32 results round the way scipy's do between passes.
 
 from __future__ import annotations
 
-import numbers
-
-import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels._shared import filters
@@ -22,9 +19,16 @@ SIGMA_EPS = 1e-15
 
 
 def reference(x, *, sigma, order, mode, radius, axes, cval=0.0, truncate=4.0, output=None):
-    """CPU reference: ``scipy.ndimage.gaussian_filter``."""
-    return ndi.gaussian_filter(x, list(sigma), list(order), output, list(mode), cval, truncate,
-                               radius=list(radius), axes=axes)
+    """CPU reference: ``scipy.ndimage.gaussian_filter``; where a radius reaches beyond its axis,
+    scipy's passes (correlate1d, each stored in the output dtype) with the Gaussian folded onto
+    the axis (:func:`~chunkernels._shared.filters.folded_gaussian_weights`)."""
+    if not any(filters.folds(r, x.shape[ax]) for r, ax in zip(radius, axes)):
+        return ndi.gaussian_filter(x, list(sigma), list(order), output, list(mode), cval,
+                                   truncate, radius=list(radius), axes=axes)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
+    for axis, weights, md in passes(x.shape, sigma, order, mode, radius, axes):
+        x = ndi.correlate1d(x, weights, axis, out_dtype, md, cval, 0)
+    return x
 
 
 def validate(ndim, sigma, order=0, mode="reflect", cval=0.0, truncate=4.0, radius=None,
@@ -33,20 +37,15 @@ def validate(ndim, sigma, order=0, mode="reflect", cval=0.0, truncate=4.0, radiu
     are dropped, as scipy drops them."""
     axes = filters.check_axes(axes, ndim)
     count = len(axes)
-    sigmas = [filters.real_number(s, "sigma") for s in filters.per_axis(sigma, count, "sigma")]
+    sigmas = [filters.finite(s, "sigma", filters.SIGMA)
+              for s in filters.per_axis(sigma, count, "sigma")]
     orders = [_order(o) for o in filters.per_axis(order, count, "order")]
     modes = filters.per_axis(mode, count, "mode")  # checked on the axes filtered, as scipy checks
-    truncate = filters.real_number(truncate, "truncate")
+    truncate = filters.finite(truncate, "truncate", filters.TRUNCATE)
     keep = [i for i in range(count) if sigmas[i] > SIGMA_EPS]
     radii = filters.per_axis(radius, count, "radius")
     for i in keep:
-        r = int(truncate * float(sigmas[i]) + 0.5) if radii[i] is None else radii[i]
-        if not isinstance(r, numbers.Integral) or r < 0:
-            raise FilterArgumentError(
-                f"Radius must be a nonnegative integer: radius={r!r} (sigma={sigmas[i]}, "
-                f"truncate={truncate}); give radius >= 0, or sigma and truncate whose "
-                f"int(truncate * sigma + 0.5) is")
-        radii[i] = int(r)
+        radii[i] = filters.gaussian_radius(sigmas[i], truncate, radii[i])
     pick = lambda seq: tuple(seq[i] for i in keep)  # noqa: E731
     return {"sigma": pick(sigmas), "order": pick(orders),
             "mode": tuple(filters.canonical_mode(m) for m in pick(modes)),
@@ -66,16 +65,17 @@ def halo(ndim, *, radius, axes, **params):
     return filters.depth_along(ndim, dict(zip(axes, radius)))
 
 
-def passes(sigma, order, mode, radius, axes):
-    """``(axis, weights, mode)`` of each separable pass, in scipy's order."""
-    return [(ax, filters.gaussian_weights(s, o, r), md)
+def passes(shape, sigma, order, mode, radius, axes):
+    """``(axis, weights, mode)`` of each separable pass on an array of ``shape``, in scipy's
+    order; weights that reach beyond their axis are folded onto it."""
+    return [(ax, filters.gaussian_pass_weights(s, o, r, shape[ax], md), md)
             for ax, s, o, md, r in zip(axes, sigma, order, mode, radius)]
 
 
 def dispatch(x, *, sigma, order, mode, radius, axes, cval, truncate, output):
     """GPU path: one correlate1d pass per filtered axis, each stored in the output dtype."""
     out_dtype = filters.result_dtype(x.dtype, output=output)
-    steps = passes(sigma, order, mode, radius, axes)
+    steps = passes(x.shape, sigma, order, mode, radius, axes)
     if not steps:
         return x.astype(out_dtype, order="K", copy=True)
     for axis, weights, md in steps:
@@ -83,10 +83,19 @@ def dispatch(x, *, sigma, order, mode, radius, axes, cval, truncate, output):
     return x
 
 
-def supports(x, *, radius, output=None, **params):
+def supports(x, *, radius, axes, output=None, **params):
+    """The passes' dtypes and shared memory (:func:`gpu_supports`, ``radius`` one per axis of
+    ``axes``)."""
+    return gpu_supports(x, dict(zip(axes, radius)), output)
+
+
+def gpu_supports(x, radius_by_axis, output):
+    """``(ok, reason)`` of Gaussian passes of these radii (folded where they reach beyond an
+    axis) on ``x``: gaussian_filter's, gaussian_laplace's and gaussian_gradient_magnitude's."""
     out_dtype = filters.result_dtype(x.dtype, output=output)
     itemsize = correlate1d.accumulator(x.dtype, out_dtype).itemsize
-    smem = max((correlate1d.pass_smem(2 * r + 1, itemsize) for r in radius), default=0)
+    smem = max((correlate1d.pass_smem(filters.folded_taps(2 * r + 1, 0, x.shape[ax]), itemsize)
+                for ax, r in radius_by_axis.items()), default=0)
     return correlate1d.gpu_supports(x, out_dtype, smem=smem)
 
 
@@ -99,6 +108,8 @@ def cases(rng):
         "sigma": (1.5, 0.8, 0.0), "order": (0, 1, 2), "mode": ("wrap", "mirror", "reflect")}
     yield random_array(rng, (50, 40), "float32")[::-2, 3:], (), {"sigma": 3.0, "radius": 4, "axes": (1,)}
     yield random_array(rng, (33, 34), "uint8", nonnegative=True), (), {"sigma": 1.0}
+    # radii beyond the array: the Gaussian folded onto it
+    yield random_array(rng, (9, 6), "float64"), (), {"sigma": (7.0, 5.0), "mode": "mirror"}
 
 
 SPEC = correlate1d.separable_spec(

@@ -24,9 +24,15 @@ from chunkernels.kernels import correlate1d, gaussian_filter, gaussian_laplace
 
 
 def reference(x, *, sigma, axes, mode, radius, cval=0.0, truncate=4.0, output=None):
-    """CPU reference: ``scipy.ndimage.gaussian_gradient_magnitude``."""
-    return ndi.gaussian_gradient_magnitude(x, list(sigma), output, list(mode), cval, axes=axes,
-                                           truncate=truncate, radius=list(radius))
+    """CPU reference: ``scipy.ndimage.gaussian_gradient_magnitude``; where a radius reaches
+    beyond its axis, scipy's terms, squares and root with the Gaussians folded onto the axes."""
+    if not gaussian_laplace.folds(x.shape, sigma, radius, axes):
+        return ndi.gaussian_gradient_magnitude(x, list(sigma), output, list(mode), cval,
+                                               axes=axes, truncate=truncate, radius=list(radius))
+    steps = gaussian_laplace.terms(x.shape, sigma, radius, axes, mode, 1)
+    out = gaussian_laplace.sum_terms(x, steps, cval, filters.result_dtype(x.dtype, output=output),
+                                     each=_square)
+    return np.sqrt(out, out, casting="unsafe")  # scipy's, in place in the output dtype
 
 
 def validate(ndim, sigma, mode="reflect", cval=0.0, axes=None, truncate=4.0, radius=None,
@@ -61,10 +67,10 @@ def dispatch(x, *, sigma, axes, mode, radius, cval, truncate, output):
     summed there, then the square root cast back to it."""
     cp = cuda.cupy()
     out_dtype = filters.result_dtype(x.dtype, output=output)
-    steps = gaussian_laplace.terms(sigma, radius, axes, mode, 1)
+    steps = gaussian_laplace.terms(x.shape, sigma, radius, axes, mode, 1)
     if not steps:
         return x.astype(out_dtype, order="K", copy=True)
-    out = gaussian_laplace.sum_gpu(x, steps, cval, out_dtype, each=_square)
+    out = gaussian_laplace.sum_terms(x, steps, cval, out_dtype, each=_square)
     # scipy's np.sqrt(output, output, casting="unsafe") computes in the dtype NumPy's sqrt picks
     # for the output's (float16 for 8-bit integers, float32 for 16-bit ones) and casts back
     root = np.sqrt.resolve_dtypes((out_dtype, None))[-1]
@@ -77,9 +83,16 @@ def dispatch(x, *, sigma, axes, mode, radius, cval, truncate, output):
     return result
 
 
+def supports(x, *, sigma, radius, output=None, **params):
+    """The passes' dtypes and shared memory (``sigma`` and ``radius`` one per axis)."""
+    return gaussian_filter.gpu_supports(
+        x, {a: r for a, (s, r) in enumerate(zip(sigma, radius)) if s > gaussian_filter.SIGMA_EPS},
+        output)
+
+
 def _square(term):
     """``term`` squared in place in its own dtype, as scipy's ``np.multiply(t, t, t)``."""
-    cuda.cupy().multiply(term, term, out=term)
+    cuda.array_module(term).multiply(term, term, out=term)
 
 
 def cases(rng):
@@ -94,6 +107,8 @@ def cases(rng):
     yield random_array(rng, (26, 24), "uint16", nonnegative=True), (), {"sigma": 1.5,
                                                                         "radius": (4, 2)}
     yield random_array(rng, (24, 25), "int16"), (), {"sigma": 2.0, "output": np.float64}
+    # radii beyond the array: the Gaussians folded onto it
+    yield random_array(rng, (7, 5), "float64"), (), {"sigma": 6.0, "mode": "nearest"}
 
 
 #: The terms are gaussian_laplace's (its Dask boundary), their passes gaussian_filter's (its GPU
@@ -105,11 +120,11 @@ SPEC = correlate1d.separable_spec(
     cpu=reference,
     gpu=dispatch,
     halo=halo,
+    supports=supports,
     halo_rule="radius = int(truncate * sigma + 0.5) along every axis with a sigma (the whole "
               "axis where the modes mix 'wrap' with others)",
     boundary=gaussian_laplace.terms_boundary,
     stack=stacked,
-    supports=gaussian_filter.supports,
     validate=validate,
     cases=cases,
 )

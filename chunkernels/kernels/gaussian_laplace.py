@@ -23,9 +23,21 @@ from chunkernels.kernels import correlate1d, gaussian_filter
 
 
 def reference(x, *, sigma, axes, mode, radius, cval=0.0, truncate=4.0, output=None):
-    """CPU reference: ``scipy.ndimage.gaussian_laplace``."""
-    return ndi.gaussian_laplace(x, list(sigma), output, list(mode), cval, axes=axes,
-                                truncate=truncate, radius=list(radius))
+    """CPU reference: ``scipy.ndimage.gaussian_laplace``; where a radius reaches beyond its
+    axis, scipy's terms (:func:`sum_terms`) with the Gaussians folded onto the axes."""
+    full = _full_sigma(x.ndim, sigma, axes)
+    if not folds(x.shape, full, radius, axes):
+        return ndi.gaussian_laplace(x, list(sigma), output, list(mode), cval, axes=axes,
+                                    truncate=truncate, radius=list(radius))
+    return sum_terms(x, terms(x.shape, full, radius, axes, mode, 2), cval,
+                     filters.result_dtype(x.dtype, output=output))
+
+
+def folds(shape, sigma, radius, axes) -> bool:
+    """Whether the terms' Gaussians (``sigma`` and ``radius`` one per axis of the input) reach
+    beyond an axis of ``shape`` (and are folded onto it)."""
+    return bool(axes) and any(filters.folds(r, n) for s, r, n in zip(sigma, radius, shape)
+                              if s > gaussian_filter.SIGMA_EPS)
 
 
 def validate(ndim, sigma, mode="reflect", cval=0.0, axes=None, truncate=4.0, radius=None,
@@ -86,12 +98,13 @@ def stacked(params):
             "radius": (0, *params["radius"])}
 
 
-def terms(sigma, radius, axes, mode, order):
-    """``(mode, passes)`` of each term: per filtered axis and its mode, scipy's Gaussian filter of
-    derivative ``order`` along that axis and 0 along the others; ``passes`` are its
-    ``(axis, weights)`` along every axis whose sigma (one per axis of the input) is > 1e-15, in
-    axis order, as scipy's gaussian_filter runs them."""
-    return [(md, [(a, filters.gaussian_weights(s, order if a == ax else 0, r))
+def terms(shape, sigma, radius, axes, mode, order):
+    """``(mode, passes)`` of each term on an array of ``shape``: per filtered axis and its mode,
+    scipy's Gaussian filter of derivative ``order`` along that axis and 0 along the others;
+    ``passes`` are its ``(axis, weights)`` along every axis whose sigma (one per axis of the
+    input) is > 1e-15, in axis order, as scipy's gaussian_filter runs them (weights that reach
+    beyond their axis folded onto it)."""
+    return [(md, [(a, filters.gaussian_pass_weights(s, order if a == ax else 0, r, shape[a], md))
                   for a, (s, r) in enumerate(zip(sigma, radius))
                   if s > gaussian_filter.SIGMA_EPS])
             for ax, md in zip(axes, mode)]
@@ -121,15 +134,19 @@ def terms_boundary(mode="reflect", **params):
     return "periodic" if wrap and all(wrap) else "none"
 
 
-def sum_gpu(x, terms, cval, out_dtype, each=None):
-    """scipy's sum of ``terms`` on the device: the first computed into the output, each further
-    one into a temporary of the output dtype added to it, so integer sums wrap as scipy's do.
-    ``each(term)`` changes every term in place before it is added (gradient magnitude squares)."""
+def sum_terms(x, terms, cval, out_dtype, each=None):
+    """scipy's sum of ``terms`` (on the device for CuPy ``x``, by scipy's correlate1d for NumPy
+    ``x``): the first computed into the output, each further one into a temporary of the output
+    dtype added to it, so integer sums wrap as scipy's do. ``each(term)`` changes every term in
+    place before it is added (gradient magnitude squares)."""
     out = None
     for md, passes in terms:
         term = x
         for axis, weights in passes:
-            term = correlate1d.pass_gpu(term, weights, axis, md, cval, 0, out_dtype)
+            if isinstance(term, np.ndarray):
+                term = ndi.correlate1d(term, weights, axis, out_dtype, md, cval, 0)
+            else:
+                term = correlate1d.pass_gpu(term, weights, axis, md, cval, 0, out_dtype)
         if not passes:  # scipy's gaussian_filter copies the input when no sigma is > 1e-15
             term = x.astype(out_dtype, order="K", copy=True)
         if each is not None:
@@ -151,8 +168,16 @@ def dispatch(x, *, sigma, axes, mode, radius, cval, truncate, output):
     """GPU path: one term per filtered axis, its passes stored in the output dtype, summed
     there."""
     out_dtype = filters.result_dtype(x.dtype, output=output)
-    steps = terms(_full_sigma(x.ndim, sigma, axes), radius, axes, mode, 2)
-    return sum_gpu(x, steps, cval, out_dtype)
+    steps = terms(x.shape, _full_sigma(x.ndim, sigma, axes), radius, axes, mode, 2)
+    return sum_terms(x, steps, cval, out_dtype)
+
+
+def supports(x, *, sigma, axes, radius, output=None, **params):
+    """The passes' dtypes and shared memory (``radius`` one per axis of the input)."""
+    full = _full_sigma(x.ndim, sigma, axes)
+    return gaussian_filter.gpu_supports(
+        x, {a: r for a, (s, r) in enumerate(zip(full, radius)) if s > gaussian_filter.SIGMA_EPS},
+        output)
 
 
 def cases(rng):
@@ -167,6 +192,8 @@ def cases(rng):
     yield random_array(rng, (30, 28), "int32"), (), {"sigma": 1.0, "radius": (3, 2)}
     yield random_array(rng, (24, 25), "uint8", nonnegative=True), (), {
         "sigma": 2.0, "output": np.float32}
+    # radii beyond the array: the Gaussians folded onto it
+    yield random_array(rng, (7, 5), "float64"), (), {"sigma": 6.0, "mode": "reflect"}
 
 
 #: The terms' passes are gaussian_filter's: its GPU support (and its stacking of blocks)
@@ -181,7 +208,7 @@ SPEC = correlate1d.separable_spec(
               "the modes mix 'wrap' with others)",
     boundary=terms_boundary,
     stack=stacked,
-    supports=gaussian_filter.supports,
+    supports=supports,
     validate=validate,
     cases=cases,
 )

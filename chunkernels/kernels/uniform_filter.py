@@ -20,8 +20,23 @@ from chunkernels.kernels import correlate1d
 
 
 def reference(x, *, size, origin, mode, axes, cval=0.0, output=None):
-    """CPU reference: ``scipy.ndimage.uniform_filter``."""
-    return ndi.uniform_filter(x, list(size), output, list(mode), cval, list(origin), axes=axes)
+    """CPU reference: ``scipy.ndimage.uniform_filter``; where a filter reaches beyond its axis,
+    scipy's passes (each stored in the output dtype), those axes' sums taken over the filter
+    folded onto the axis (:func:`~chunkernels._shared.filters.folded_uniform_counts`), in
+    float64, then divided by the size."""
+    reaches = [filters.reach(s, o) for s, o in zip(size, origin)]
+    if not any(filters.folds(r, x.shape[ax]) for r, ax in zip(reaches, axes)):
+        return ndi.uniform_filter(x, list(size), output, list(mode), cval, list(origin),
+                                  axes=axes)
+    out_dtype = filters.result_dtype(x.dtype, output=output)
+    for ax, s, o, md, r in zip(axes, size, origin, mode, reaches):
+        if not filters.folds(r, x.shape[ax]):
+            x = ndi.uniform_filter1d(x, s, ax, out_dtype, md, cval, o)
+            continue
+        counts = filters.folded_uniform_counts(s, o, x.shape[ax], md)
+        sums = ndi.correlate1d(x, counts, ax, np.promote_types(x.dtype, np.float64), md, cval)
+        x = (sums / s).astype(out_dtype, copy=False)
+    return x
 
 
 def validate(ndim, size=3, mode="reflect", cval=0.0, origin=0, axes=None, output=None):
@@ -43,12 +58,18 @@ def validate(ndim, size=3, mode="reflect", cval=0.0, origin=0, axes=None, output
 
 
 def _size(value) -> int:
-    """A filter size as scipy.ndimage.uniform_filter takes it: any real number, truncated by
-    ``int()`` (3.5 is 3; sizes up to 1 filter nothing). uniform_filter1d takes integers only."""
+    """A filter size as scipy.ndimage.uniform_filter takes it: any finite real number, truncated
+    by ``int()`` (3.5 is 3; sizes up to 1 filter nothing). uniform_filter1d takes integers only.
+
+    A NaN size, which SciPy skips (NaN > 1 is false), and an infinite one, which it cannot
+    truncate, are refused naming the size (:func:`~chunkernels._shared.filters.finite`)."""
     if isinstance(value, numbers.Real):
-        return int(value)
+        return int(filters.finite(value, "size", SIZE))
     raise FilterTypeError(f"size must be a real number: {value!r} cannot be compared with 1 "
                           f"(scipy.ndimage.uniform_filter truncates real sizes with int())")
+
+
+SIZE = "give the filter's length in pixels (sizes up to 1 leave an axis unfiltered)"
 
 
 def halo(ndim, *, size, origin, axes, **params):
@@ -58,19 +79,25 @@ def halo(ndim, *, size, origin, axes, **params):
 
 
 def dispatch(x, *, size, origin, mode, axes, cval, output):
-    """GPU path: one correlate1d pass per filtered axis: unit weights, sum divided by the size."""
+    """GPU path: one correlate1d pass per filtered axis: unit weights (folded onto the axis
+    where they reach beyond it), sum divided by the size."""
     out_dtype = filters.result_dtype(x.dtype, output=output)
     if not axes:
         return x.astype(out_dtype, order="K", copy=True)
     for ax, s, o, md in zip(axes, size, origin, mode):
-        x = correlate1d.pass_gpu(x, np.ones(s), ax, md, cval, o, out_dtype, divisor=s)
+        if filters.folds(filters.reach(s, o), x.shape[ax]):
+            weights, o = filters.folded_uniform_counts(s, o, x.shape[ax], md), 0
+        else:
+            weights = np.ones(s)
+        x = correlate1d.pass_gpu(x, weights, ax, md, cval, o, out_dtype, divisor=s)
     return x
 
 
-def supports(x, *, size, output=None, **params):
+def supports(x, *, size, origin, axes, output=None, **params):
     out_dtype = filters.result_dtype(x.dtype, output=output)
     itemsize = correlate1d.accumulator(x.dtype, out_dtype).itemsize
-    smem = max((correlate1d.pass_smem(s, itemsize) for s in size), default=0)
+    smem = max((correlate1d.pass_smem(filters.folded_taps(s, o, x.shape[ax]), itemsize)
+                for s, o, ax in zip(size, origin, axes)), default=0)
     return correlate1d.gpu_supports(x, out_dtype, smem=smem)
 
 
@@ -82,6 +109,9 @@ def cases(rng):
     yield random_array(rng, (30, 25, 6), "float32").transpose(1, 0, 2), (), {
         "size": (3, 6, 2), "origin": (1, -3, 0), "mode": ("wrap", "nearest", "reflect")}
     yield random_array(rng, (33, 34), "int32"), (), {"size": 3}
+    # sizes beyond the array: the unit weights folded onto it
+    yield random_array(rng, (9, 6), "float64"), (), {"size": (25, 14), "origin": (5, -3),
+                                                     "mode": "reflect"}
 
 
 SPEC = correlate1d.separable_spec(

@@ -25,7 +25,10 @@ from chunkernels._shared.filters import FilterArgumentError as FilterArgumentErr
 from chunkernels._shared.filters import FilterAxisError as FilterAxisError
 from chunkernels._shared.filters import FilterTypeError as FilterTypeError
 from chunkernels._shared.filters import FilterZeroDivisionError as FilterZeroDivisionError
+from chunkernels._shared.filters import NonFiniteError as NonFiniteError
 from chunkernels._shared.interpolation import InterpolationError as InterpolationError
+from chunkernels._shared.interpolation import NonFiniteZoomError as NonFiniteZoomError
+from chunkernels._shared.interpolation import OutputTooLargeError as OutputTooLargeError
 from chunkernels.ndimage._interpolation import resize as resize
 from chunkernels.ndimage._interpolation import spline_filter as spline_filter
 from chunkernels.ndimage._interpolation import spline_filter1d as spline_filter1d

@@ -13,9 +13,8 @@ import numbers
 
 import numpy as np
 
-from chunkernels import cuda
+from chunkernels import _graph, cuda
 from chunkernels._apply import apply_kernel
-from chunkernels._graph import is_dask
 from chunkernels._shared import filters
 from chunkernels._shared.filters import (FilterArgumentError, FilterTypeError,
                                          FilterZeroDivisionError)
@@ -153,20 +152,17 @@ def gaussian_filter1d(kind, input, sigma, axis=-1, order=0, output=None, mode="r
         The filtered array, with the input's shape and type.
     """
     axis = filters.check_axis(axis, np.ndim(input))
-    sigma = filters.real_number(sigma, "sigma")
+    sigma = filters.finite(sigma, "sigma", filters.SIGMA)
     # gaussian_filter skips axes with sigma <= 1e-15; scipy's gaussian_filter1d builds the kernel
     # whatever sigma is, so a sigma that gives no kernel is an error here, as it is there
     if sigma == 0:
         raise FilterZeroDivisionError("sigma must be positive for gaussian_filter1d: sigma=0 "
                                       "gives no Gaussian kernel (gaussian_filter skips such "
                                       "axes)")
-    if radius is None and int(filters.real_number(truncate, "truncate") * sigma + 0.5) < 0:
-        raise FilterArgumentError(
-            f"Radius must be a nonnegative integer: sigma={sigma} and truncate={truncate} give a "
-            f"radius of {int(truncate * sigma + 0.5)}; give a positive sigma")
     if radius is not None and (not isinstance(radius, numbers.Integral) or radius < 0):
         raise FilterArgumentError(f"Radius must be a nonnegative integer: radius={radius!r}; "
                                   f"gaussian_filter1d takes one radius, an int >= 0")
+    filters.gaussian_radius(sigma, truncate, radius)  # a negative sigma's is refused, as scipy
     # scipy's gaussian_filter1d is a correlate1d, which makes a real output dtype complex for
     # complex data (gaussian_filter refuses it)
     return _filter(kind, "gaussian_filter", input, output, promotes=True, sigma=sigma, order=order,
@@ -419,13 +415,6 @@ def gaussian_gradient_magnitude(kind, input, sigma, output=None, mode="reflect",
                    cval=cval, axes=axes, truncate=truncate, radius=radius)
 
 
-def as_input(input):
-    """``input`` itself if it is a NumPy, CuPy or Dask array, else ``numpy.asarray(input)``."""
-    if isinstance(input, np.ndarray) or cuda.is_cupy_array(input) or is_dask(input):
-        return input
-    return np.asarray(input)
-
-
 #: The filters for which scipy promotes a real output dtype to complex (with a warning) when the
 #: input (or the weights) are complex, and refuses it for the others: the correlations, which
 #: take complex weights, and uniform_filter; gaussian_filter1d, a correlate1d there, promotes too.
@@ -439,6 +428,7 @@ def _filter(kind, kernel, x, output, *, promotes=None, **params):
     ``promotes``: whether a real output dtype becomes complex for complex data (default: as
     scipy's function of that name does it, :data:`_PROMOTING`).
     """
+    x = _graph.as_input(x, kernel)
     filters.check_dtype(x.dtype)
     if kind.dask and filters.is_array(output):
         raise TypeError(f"output= cannot be an array for a Dask input (the result is lazy); "
@@ -458,7 +448,7 @@ def _filter(kind, kernel, x, output, *, promotes=None, **params):
                         f"{type(x).__module__} one; give an output on the input's device")
     result = apply_kernel(kind, x, kernel, params={**params, "output": dtype}, allow_rechunk=True)
     if target is None:
-        return result
+        return filters.in_requested_byte_order(result, output)
     target[...] = result
     return target
 

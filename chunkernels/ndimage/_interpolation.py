@@ -19,10 +19,10 @@ from numpy.lib.array_utils import normalize_axis_index
 
 from chunkernels import cuda
 from chunkernels._apply import apply_kernel
-from chunkernels._graph import is_dask
-from chunkernels._shared.filters import check_dtype, check_writable
+from chunkernels._graph import as_input, is_dask
+from chunkernels._shared.filters import check_dtype, check_writable, in_requested_byte_order
 from chunkernels._shared.interpolation import (PREPAD, PREPADDED, InterpolationError, check_mode,
-                                               check_order)
+                                               check_order, check_output_size, output_shape)
 from chunkernels.interop import array_entry
 from chunkernels.kernels.spline_filter import depth
 from chunkernels.kernels.zoom import default_chunks, input_positions, zoom_scales, zoom_tables
@@ -84,9 +84,11 @@ def _output(kind, output, x, shape):
     return _check_dtype(dtype, "output"), None
 
 
-def _store(result, out):
+def _store(result, out, output):
+    """``result`` into ``out`` (an output array), else as returned: in the byte order of a
+    non-native ``output`` dtype, as SciPy returns it."""
     if out is None:
-        return result
+        return in_requested_byte_order(result, output)
     out[...] = result
     return out
 
@@ -170,8 +172,10 @@ def _padded_chunks(chunks, npad):
                  for c in chunks)
 
 
-def _resample(kind, x, out_shape, output, order, mode, cval, prefilter, grid_mode, identity):
-    """Zoom ``x`` (NumPy, CuPy or Dask) to ``out_shape``: prefilter, tables, resampling.
+def _resample(kind, who, x, out_shape, output, order, mode, cval, prefilter, grid_mode,
+              identity):
+    """Zoom ``x`` (NumPy, CuPy or Dask, of ``kind``) to ``out_shape``: prefilter, tables,
+    resampling, for function ``who`` (zoom or resize).
 
     ``identity``: the zoom is by 1 on every axis, which SciPy answers with a copy of the input
     (cast to the output dtype) when prefiltering.
@@ -181,14 +185,15 @@ def _resample(kind, x, out_shape, output, order, mode, cval, prefilter, grid_mod
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     dtype, out = _output(kind, output, x, out_shape)
+    check_output_size(who, x.shape, out_shape, dtype)
     if grid_mode and mode in ("constant", "wrap"):
         suggest = "grid-constant" if mode == "constant" else "grid-wrap"
         warnings.warn(f"It is recommended to use mode = {suggest} instead of {mode} when "
                       f"grid_mode is True.", stacklevel=3)
     if identity and prefilter:  # SciPy's early exit (gh-20999)
-        return _store(x.astype(dtype, copy=True), out)
+        return _store(x.astype(dtype, copy=True), out, output)
     if math.prod(out_shape) == 0:  # nothing to interpolate (nor any block to plan)
-        return _store(kind.from_host(np.empty(out_shape, dtype=dtype)), out)
+        return _store(kind.from_host(np.empty(out_shape, dtype=dtype)), out, output)
     if dtype.kind == "c" and x.dtype.kind != "c":
         # SciPy's C resampler writes no complex output for real data (it refuses it there, past
         # the copy and the empty result above)
@@ -208,7 +213,7 @@ def _resample(kind, x, out_shape, output, order, mode, cval, prefilter, grid_mod
         chunks = default_chunks(taps, _padded_chunks(x.chunks, npad))
     result = apply_kernel(kind, coefficients, "zoom", params={
         "taps": taps, "weights": weights, "cval": cval, "dtype": dtype, "chunks": chunks})
-    return _store(result, out)
+    return _store(result, out, output)
 
 
 def _grid_mode(x, grid_mode) -> bool:
@@ -286,17 +291,14 @@ def zoom(kind, input, zoom, output=None, order=3, mode="constant", cval=0.0, pre
     spline orders. On the GPU, float32 inputs zoomed into float32 are prefiltered and summed in
     float32: within 1e-5 of SciPy for data in [0, 1].
     """
-    x = input
+    x = as_input(input, "zoom", chunk_sizes=True)
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     factors = _sequence(zoom, x.ndim, "zoom")
-    out_shape = tuple(int(round(n * float(f))) for n, f in zip(x.shape, factors))
-    if any(n < 0 for n in out_shape):
-        raise ValueError(f"negative dimensions are not allowed: zoom={zoom!r} gives the output "
-                         f"shape {out_shape} for an input of shape {x.shape}; give zoom >= 0")
+    out_shape = output_shape(x.shape, factors)
     # SciPy's early exit tests the factors: 1.01 on 5 samples still interpolates onto 5
     identity = all(f == 1 for f in factors)
-    return _resample(kind, x, out_shape, output, order, mode, cval, prefilter,
+    return _resample(kind, "zoom", x, out_shape, output, order, mode, cval, prefilter,
                      _grid_mode(x, grid_mode), identity)
 
 
@@ -329,7 +331,7 @@ def resize(kind, input, output_shape, output=None, order=3, mode="constant", cva
     ValueError
         A negative length in ``output_shape``.
     """
-    x = input
+    x = as_input(input, "resize", chunk_sizes=True)
     if x.ndim < 1:
         raise InterpolationError("input and output rank must be > 0: got a 0-d input")
     shape = tuple(_sequence(output_shape, x.ndim, "output_shape"))
@@ -338,7 +340,7 @@ def resize(kind, input, output_shape, output=None, order=3, mode="constant", cva
             raise ValueError(f"output_shape={tuple(output_shape)!r}: lengths must be "
                              f"non-negative integers")
     shape = tuple(int(n) for n in shape)
-    return _resample(kind, x, shape, output, order, mode, cval, prefilter, grid_mode,
+    return _resample(kind, "resize", x, shape, output, order, mode, cval, prefilter, grid_mode,
                      shape == tuple(x.shape))
 
 
@@ -367,12 +369,12 @@ def spline_filter1d(kind, input, order=3, axis=-1, output=np.float64, mode="mirr
         The coefficients, of the input's type.
     """
     order = check_order(order)
-    x = input
+    x = as_input(input, "spline_filter1d", chunk_sizes=True)
     dtype, out = _output(kind, output, x, x.shape)
     if order < 2:
-        return _store(x.astype(dtype, copy=True), out)
+        return _store(x.astype(dtype, copy=True), out, output)
     axis = normalize_axis_index(axis, x.ndim)
-    return _store(_coefficients(kind, x, order, mode, dtype, axes=(axis,)), out)
+    return _store(_coefficients(kind, x, order, mode, dtype, axes=(axis,)), out, output)
 
 
 @array_entry("input", "output")
@@ -397,6 +399,6 @@ def spline_filter(kind, input, order=3, output=np.float64, mode="mirror"):
         ``prefilter=False`` and the same ``mode``.
     """
     order = check_order(order, low=2)
-    x = input
+    x = as_input(input, "spline_filter", chunk_sizes=True)
     dtype, out = _output(kind, output, x, x.shape)
-    return _store(_coefficients(kind, x, order, mode, dtype), out)
+    return _store(_coefficients(kind, x, order, mode, dtype), out, output)

@@ -12,7 +12,7 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels import cuda
-from chunkernels._graph import is_dask
+from chunkernels._graph import as_input, is_dask
 from chunkernels._shared.filters import check_writable
 from chunkernels.interop import array_entry
 from chunkernels.kernels import label as label_kernel
@@ -72,7 +72,7 @@ def label(kind, input, structure=None, output=None, wrap_axes=None):
     synchronisation) to return ``num_features``. For Dask inputs nothing is computed until
     asked; see the kernel page (docs/kernels/label.md) for the chunked algorithm.
     """
-    x = input
+    x = as_input(input, "label", chunk_sizes=True)
     if np.iscomplexobj(x):
         raise TypeError(f"Complex type not supported: label takes real or boolean input; got "
                         f"{x.dtype} (label abs(x) or x != 0 instead)")

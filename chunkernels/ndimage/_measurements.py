@@ -28,10 +28,9 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels import _graph, cuda
-from chunkernels._graph import is_dask
+from chunkernels._graph import as_input, is_dask
 from chunkernels.interop import array_entry
 from chunkernels.kernels import label_statistics
-from chunkernels.ndimage._filters import as_input
 
 #: The properties :func:`measure` returns by default.
 DEFAULT_PROPERTIES = ("label", "area", "sum", "mean", "min", "max", "centroid", "bbox")
@@ -73,8 +72,8 @@ class _Query:
 def _query(name, input, labels, index=None, *, complex_ok=False):
     """Check and normalise ``input``, ``labels`` and ``index`` for measurement ``name``
     (``complex_ok``: its CuPy and Dask paths take complex values)."""
-    x = as_input(input)
-    lab = None if labels is None else as_input(labels)
+    x = as_input(input, name, chunk_sizes=True)
+    lab = None if labels is None else as_input(labels, name, "labels", chunk_sizes=True)
     if x.dtype.kind not in "biufc":
         raise TypeError(f"{name}: input must be a boolean, integer or float array; got dtype "
                         f"{x.dtype}")
@@ -685,7 +684,7 @@ def find_objects(input, max_label=0):
         A largest label (or ``max_label``) whose list of boxes no memory here could hold, before
         any work where it is known then (given, or NumPy and CuPy labels), else at compute.
     """
-    x = as_input(input)
+    x = as_input(input, "find_objects", chunk_sizes=True)
     if x.dtype.kind == "c":
         raise TypeError("Complex type not supported")
     max_label = operator.index(max_label)

@@ -16,7 +16,7 @@ import numpy as np
 
 from chunkernels import cuda
 from chunkernels._apply import apply_kernel
-from chunkernels._graph import in_memory_blocks
+from chunkernels._graph import as_input, in_memory_blocks
 from chunkernels.interop import array_entry
 from chunkernels.kernels import kappa_sigma_clip as ksc
 from chunkernels.sources import _clip_cluster
@@ -97,6 +97,7 @@ def kappa_sigma_clip(kind, x, kappa=3.0, max_iters=None, return_mask=False):
     (True, True)
     """
     kappa, max_iters = _check_arguments(kappa, max_iters)
+    x = as_input(x, "kappa_sigma_clip", "x")
     ksc.check_dtype(x.dtype)
     if kind.dask and not _clip_cluster.held(x):
         x = x.persist()

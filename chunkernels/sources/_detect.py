@@ -8,6 +8,7 @@ import numbers
 import numpy as np
 
 from chunkernels._apply import apply_kernel
+from chunkernels._graph import as_input
 from chunkernels.interop import array_entry
 from chunkernels.kernels import kappa_sigma_clip as ksc
 from chunkernels.sources._clip import ClipResult, _check_arguments, clip
@@ -144,6 +145,8 @@ def find_sources(kind, image, kappa=3.0, nsigma=5.0, structure=None):
                          f"(the lesson uses 5)")
     from chunkernels.ndimage import label, measure
 
+    # the labels need the chunks' sizes: refused here, before the background is computed
+    image = as_input(image, "find_sources", "image", chunk_sizes=True)
     ksc.check_dtype(image.dtype)
     if kind.dask:
         image = image.persist()

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
+from chunkernels import _graph
+
 #: File name endings :func:`read_image` reads, by format.
 FORMATS = {"FITS": (".fits", ".fit", ".fts", ".fits.gz"), "TIFF": (".tif", ".tiff"),
            "Zarr": (".zarr",), "NumPy": (".npy",)}
@@ -73,10 +75,7 @@ def read_image(path, chunks=None):
         image = da.from_array(source, chunks=chunks or "auto")
     if dropped:
         image = image[tuple(0 if axis in dropped else slice(None) for axis in range(image.ndim))]
-    if not image.dtype.isnative:
-        native = image.dtype.newbyteorder("=")
-        image = image.map_blocks(_to_native, dtype=native)
-    return image
+    return _graph.native(image)
 
 
 def degenerate_axes(shape) -> tuple[int, ...]:
@@ -95,10 +94,6 @@ def image_format(path) -> str:
     accepted = ", ".join(f"{kind} ({' '.join(endings)})" for kind, endings in FORMATS.items())
     raise ValueError(f"cannot tell the format of {str(path)!r} from its name; chunkernels reads "
                      f"{accepted}")
-
-
-def _to_native(block):
-    return block.astype(block.dtype.newbyteorder("="))
 
 
 def _require(module, package):

@@ -296,3 +296,44 @@ def test_dask_shapes_are_ints():
     out = ndimage.correlate(d, np.ones((1, 1)))
     assert all(type(s) is int for s in out.shape)
     assert_close(out.compute(), d.compute())
+
+
+@backends
+@pytest.mark.parametrize("mode", MODES)
+def test_weights_a_few_times_the_array_fold_onto_it(backend, mode):
+    """Issue #20: N-D weights reaching beyond the array fold onto it along each axis, with
+    origins; SciPy's result (reaches below 4n, where SciPy's own N-D reflect is right: see
+    :func:`test_scipy_nd_reflect_misreads_offsets_of_minus_4n`)."""
+    rng = np.random.default_rng(82)
+    x = rng.standard_normal((4, 5))
+    w = rng.standard_normal((21, 17))
+    for fn, ref in ((ndimage.correlate, ndi.correlate), (ndimage.convolve, ndi.convolve)):
+        check(backend, fn, ref, x, w, mode=mode, cval=0.5, origin=(3, -2),
+              chunks=[(4, 5), (2, 2), (1, 5)])
+
+
+def _separable_reference(x, w, mode, origin):
+    """``correlate(x, w)`` for 2-D ``x`` and ``w`` from SciPy's 1-D correlations, which extend
+    any length by the mode correctly: a column of ``w`` along axis 0, a one-tap shift along 1."""
+    out = np.zeros(x.shape)
+    for b in range(w.shape[1]):
+        shift = np.zeros(w.shape[1])
+        shift[b] = 1.0
+        column = ndi.correlate1d(x, w[:, b], 0, mode=mode, origin=origin[0])
+        out += ndi.correlate1d(column, shift, 1, mode=mode, origin=origin[1])
+    return out
+
+
+def test_scipy_nd_reflect_misreads_offsets_of_minus_4n():
+    """SciPy's N-D filters in 'reflect' mode map an offset that is a multiple of 2n from -4n on
+    (n the axis' length) to position -1 instead of 0; its 1-D correlation is right. Folded,
+    chunkernels' result is the mode's, as the 1-D correlations give it."""
+    rng = np.random.default_rng(83)
+    x = rng.standard_normal((2, 3))
+    w = rng.standard_normal((9, 3))
+    origin = (4, 0)  # offsets -8..0 along axis 0: -8 is -4n
+    expected = _separable_reference(x, w, "reflect", origin)
+    assert not np.allclose(ndi.correlate(x, w, mode="reflect", origin=origin), expected)
+    for data in (x, da.from_array(x, chunks=1)):
+        assert_close(np.asarray(ndimage.correlate(data, w, mode="reflect", origin=origin)),
+                     expected)

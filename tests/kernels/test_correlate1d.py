@@ -315,3 +315,17 @@ def test_complex_data_promotes_any_real_output_type(output):
             got = ndimage.correlate1d(xin, [1, 2, 3], output=output)
         assert got.dtype == expected.dtype
         np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+@backends
+@pytest.mark.parametrize("mode", MODES)
+def test_weights_a_few_times_the_axis_fold_onto_it(backend, mode):
+    """Issue #20: weights reaching several times beyond the axis fold onto its own values (the
+    mode's period, or its edge), every origin giving SciPy's result."""
+    x = np.random.default_rng(80).standard_normal((4, 6))
+    w = np.random.default_rng(81).standard_normal(41)
+    for origin in (-20, -7, 0, 13, 19):
+        check(backend, ndimage.correlate1d, ndi.correlate1d, x, w, 0, mode=mode, cval=1.5,
+              origin=origin, chunks=[(4, 6), (1, 3)])
+        check(backend, ndimage.convolve1d, ndi.convolve1d, x, w[:-1], 1, mode=mode, cval=1.5,
+              origin=origin, chunks=[(2, 5)])

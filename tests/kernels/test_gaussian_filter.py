@@ -243,3 +243,88 @@ def test_gaussian_filter1d_radius_is_one_integer(radius):
             ndimage.gaussian_filter1d(xin, 1.5, radius=radius)
     np.testing.assert_array_equal(ndimage.gaussian_filter1d(x, 1.5, radius=np.int64(2)),
                                   ndi.gaussian_filter1d(x, 1.5, radius=np.int64(2)))
+
+
+# -- halos longer than the array (issue #20) ---------------------------------------------------------
+
+
+@backends
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("order", [0, 1, (2, 0)])
+def test_radius_a_few_times_the_array_folds_onto_it(backend, mode, order):
+    """Issue #20: a Gaussian wider than the array folds onto the array's own values (the mode's
+    period, or its edge) instead of reading 2 * radius + 1 taps: SciPy's result, to rounding,
+    on 7 x 5 samples with radii 3 to 6 times the axis."""
+    x = np.random.default_rng(20).standard_normal((7, 5))
+    check(backend, ndimage.gaussian_filter, ndi.gaussian_filter, x, (6.0, 7.5), order=order,
+          mode=mode, cval=0.3, chunks=[(7, 5), (3, 2), (1, 5)])
+    check(backend, ndimage.gaussian_filter1d, ndi.gaussian_filter1d, x, 9.0, 0, order=1,
+          mode=mode, cval=-1.0, chunks=[(2, 5)])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", ["float32", "int16", "uint8"])
+def test_folded_gaussian_keeps_scipys_passes_and_dtypes(mode, dtype):
+    """Folded passes are stored in the output dtype as SciPy's (integers round between passes);
+    sums in another order may land on the other side of a rounding boundary, by one."""
+    x = (np.random.default_rng(21).random((6, 9)) * 100).astype(dtype)
+    expected = ndi.gaussian_filter(x, 5.0, mode=mode)
+    for data in (x, da.from_array(x, chunks=(2, 4))):
+        got = np.asarray(ndimage.gaussian_filter(data, 5.0, mode=mode))
+        assert got.dtype == expected.dtype
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1)
+
+
+def test_the_euler_maclaurin_fold_of_wide_gaussians_is_scipys(monkeypatch):
+    """Gaussians far wider than their period are folded with the Euler-Maclaurin formula, not
+    weight by weight: forced here for sigma=100 on 5 samples, where SciPy can be compared."""
+    from chunkernels._shared import filters
+
+    monkeypatch.setattr(filters, "DIRECT", 0)
+    filters.folded_gaussian_weights.cache_clear()
+    x = np.random.default_rng(22).standard_normal((5, 4))
+    try:
+        for mode in MODES:
+            for order in (0, 1, 2, 3):
+                assert_close(ndimage.gaussian_filter(x, 100.0, order=order, mode=mode, cval=0.5),
+                             ndi.gaussian_filter(x, 100.0, order=order, mode=mode, cval=0.5),
+                             rtol=1e-12, atol=1e-14, err_msg=f"{mode} order {order}")
+    finally:
+        filters.folded_gaussian_weights.cache_clear()
+
+
+@pytest.mark.parametrize("mode, limit", [
+    ("reflect", lambda x: np.broadcast_to(x.mean(), x.shape)),
+    ("wrap", lambda x: np.broadcast_to(x.mean(), x.shape)),
+    # mirror's period holds the edge samples once and the others twice
+    ("mirror", lambda x: np.broadcast_to(np.average(x, weights=np.outer(
+        [1] + [2] * (x.shape[0] - 2) + [1], [1] + [2] * (x.shape[1] - 2) + [1])), x.shape)),
+    # nearest puts half of the Gaussian on each edge, constant on cval
+    ("nearest", lambda x: np.broadcast_to((x[[0, 0, -1, -1], [0, -1, 0, -1]]).mean(), x.shape)),
+    ("constant", lambda x: np.full(x.shape, 0.25)),
+])
+def test_sigma_1e9_is_computed_at_once(mode, limit):
+    """Issue #20: ``gaussian_filter(sigma=1e9)`` built a Dask graph, then failed at compute with a
+    59.6 GiB MemoryError (SciPy's 8e9 weights). Folded, it is a Gaussian of 2n + 1 taps: its
+    limit for an infinitely wide Gaussian (the mean over the mode's period, or the edges', or
+    cval), on NumPy and Dask arrays, in moments."""
+    x = np.random.default_rng(23).random((20, 24))
+    for data in (x, da.from_array(x, chunks=10)):
+        got = np.asarray(ndimage.gaussian_filter(data, 1e9, mode=mode, cval=0.25))
+        assert_close(got, limit(x), rtol=1e-7, atol=1e-7)
+    # a Gaussian's derivative is of the order of 1 / sigma (nearest: the step between the edges)
+    grad = ndimage.gaussian_gradient_magnitude(da.from_array(x, chunks=10), 1e9, mode=mode)
+    assert np.all(np.abs(grad.compute()) < 1e-9)
+
+
+@pytest.mark.gpu
+def test_sigma_1e9_on_the_gpu_folds_as_the_cpu_reference():
+    """The GPU passes fold the Gaussian as the CPU reference does (CuPy arrays and chunks)."""
+    x = np.random.default_rng(24).random((20, 24))
+    for mode in MODES:
+        expected = ndimage.gaussian_filter(x, (1e9, 3.0), mode=mode, cval=0.25)
+        got = ndimage.gaussian_filter(device("cupy", x), (1e9, 3.0), mode=mode, cval=0.25)
+        assert_close(got, expected, err_msg=mode)
+        dx = da.from_array(device("cupy", x), chunks=10, asarray=False)
+        got = ndimage.gaussian_filter(dx, (1e9, 3.0), mode=mode, cval=0.25).compute()
+        assert_close(got, expected, err_msg=f"{mode} on Dask")

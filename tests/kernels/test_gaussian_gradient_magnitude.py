@@ -247,3 +247,19 @@ def test_errors_before_any_work(args, kwargs, error, match):
     for x in (a, da.from_array(a, chunks=(5, 7))):
         with pytest.raises(error, match=match):
             ndimage.gaussian_gradient_magnitude(x, *args, **kwargs)
+
+
+@backends
+@pytest.mark.parametrize("mode", MODES)
+def test_radius_a_few_times_the_array_folds_onto_it(backend, mode):
+    """Issue #20: the terms' Gaussians fold onto the array where they are wider than it; the
+    squares and the root stay SciPy's (integer outputs included)."""
+    x = np.random.default_rng(91).standard_normal((7, 5))
+    check(backend, ndimage.gaussian_gradient_magnitude, ndi.gaussian_gradient_magnitude, x,
+          (6.0, 4.0), mode=mode, cval=0.3, chunks=[(7, 5), (3, 2)])
+    xi = (x * 1000).astype(np.int32)
+    expected = ndi.gaussian_gradient_magnitude(xi, 5.0, mode=mode)
+    for data in (xi, da.from_array(xi, chunks=(3, 2))):
+        got = np.asarray(ndimage.gaussian_gradient_magnitude(data, 5.0, mode=mode))
+        assert got.dtype == expected.dtype
+        np.testing.assert_allclose(got, expected, atol=1)

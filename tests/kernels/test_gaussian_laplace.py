@@ -262,3 +262,14 @@ def test_sigma_order_with_axes_as_scipy(axes):
     expected = ndi.gaussian_laplace(x, sigma, axes=axes)
     for xin in (x, da.from_array(x, chunks=3), da.from_array(x, chunks=5)):
         assert_close(np.asarray(ndimage.gaussian_laplace(xin, sigma, axes=axes)), expected)
+
+
+@backends
+@pytest.mark.parametrize("mode", MODES)
+def test_radius_a_few_times_the_array_folds_onto_it(backend, mode):
+    """Issue #20: the terms' Gaussians fold onto the array where they are wider than it."""
+    x = np.random.default_rng(90).standard_normal((7, 5))
+    check(backend, ndimage.gaussian_laplace, ndi.gaussian_laplace, x, (6.0, 4.0), mode=mode,
+          cval=0.3, chunks=[(7, 5), (3, 2)])
+    check(backend, ndimage.gaussian_laplace, ndi.gaussian_laplace, x, 6.0, mode=mode, axes=(1,),
+          chunks=[(2, 5)])

@@ -291,3 +291,31 @@ def test_mode_read_only_on_filtered_axes(fn, args, kwargs):
         getattr(ndi, fn)(x, *args, mode=["foo"] * 3, **kwargs)
     with pytest.raises(RuntimeError, match="sequence argument must have length"):
         getattr(ndimage, fn)(x, *args, mode=["foo"] * 3, **kwargs)
+
+
+@backends
+@pytest.mark.parametrize("mode", MODES)
+def test_sizes_a_few_times_the_array_fold_onto_it(backend, mode):
+    """Issue #20: a filter longer than its axis folds onto the array's own values (counts of the
+    unit weights per tap, exact integers): SciPy's result on 7 x 5 samples, sizes 3 to 6 times
+    the axis, with origins."""
+    x = np.random.default_rng(70).standard_normal((7, 5))
+    check(backend, ndimage.uniform_filter, ndi.uniform_filter, x, (23, 31), mode=mode, cval=0.5,
+          origin=(4, -9), chunks=[(7, 5), (3, 2), (1, 5)])
+    check(backend, ndimage.uniform_filter1d, ndi.uniform_filter1d, x, 40, 1, mode=mode,
+          cval=-2.0, origin=7, chunks=[(7, 1)])
+    xi = (x * 40).astype(np.int32)  # integer sums are exact: the means truncate as SciPy's
+    check(backend, ndimage.uniform_filter, ndi.uniform_filter, xi, 26, mode=mode,
+          chunks=[(3, 2)])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_size_of_a_billion_is_computed_at_once(mode):
+    """Issue #20: the filter's length no longer sets the work: a billion taps fold onto 2n + 1."""
+    x = np.random.default_rng(71).random((20, 24))
+    expected = x.mean() if mode in ("reflect", "wrap") else None
+    for data in (x, da.from_array(x, chunks=10)):
+        got = np.asarray(ndimage.uniform_filter(data, 10**9, mode=mode, cval=0.25))
+        assert got.shape == x.shape and np.all(np.isfinite(got))
+        if expected is not None:
+            assert_close(got, np.full(x.shape, expected), rtol=1e-7)
