@@ -73,6 +73,19 @@ def test_scaling_on_cpu_workers_writes_markdown_json_and_plots(tmp_path, capsys)
     assert labels[0]["checksums"] == labels[1]["checksums"]
     assert "| 2 CPU workers | 48×48 | " in md.split("Label of")[1]
     assert "| chunkernels | 48×48 | 1.00× | " in md  # the speed-up table
+    # where one more run's time goes: the profiled implementations and the label, every phase
+    # inside the wall time, the tasks of the graph counted
+    profiled = [r for r in rows if r["impl"] in scaling.PROFILED] + labels
+    assert len(profiled) == 2 * (len(scaling.PROFILED) + 1)
+    for r in profiled:
+        p = r["profile"]
+        assert p["tasks"] >= 4 and p["top"]
+        assert 0 < p["build"] < p["wall"] and 0 < p["busy"] < p["wall"]
+        assert p["to_first_task"] + p["after_last_task"] < p["wall"]
+        assert p["transfers"] >= 0
+    assert all("profile" not in r or r["profile"] is None for r in rows
+               if r["impl"] not in scaling.PROFILED)
+    assert "| 2 CPU workers | 48×48 | label (x < 0.4) | " in md.split("Where the time")[1]
     assert md.strip() in out  # printed as well
     assert "scaling" in err  # the progress display
     plots = {p["name"]: p for p in report["plots"]}
@@ -97,6 +110,9 @@ def test_demo_on_cpu_workers_beside_photutils_and_sep(tmp_path, capsys):
     assert row["count"] == report["sources"] > 0
     assert set(row["steps"]) == {"κσ clipping", "threshold + label", "measure"}
     assert row["seconds"] == pytest.approx(sum(row["steps"].values()))  # one run: the sum
+    # the first run (the checked one) apart: its steps, and its sum
+    assert set(row["first_steps"]) == set(row["steps"])
+    assert row["first_run"] == pytest.approx(sum(row["first_steps"].values())) > 0
     photutils, sep = report["peers"]
     assert (photutils["impl"], sep["impl"]) == ("photutils", "sep")
     assert photutils["count"] == photutils["matched"] == row["count"]

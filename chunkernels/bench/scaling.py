@@ -68,6 +68,8 @@ SCIPY_CHECK = 2**26
 CHUNKERNELS, NO_HALO, DASK_IMAGE = "chunkernels", "no halo (map_blocks)", "dask-image"
 LABEL = "label (x < 0.4)"
 FUSED, SEPARATE = "pipeline, fused", "pipeline, separate"
+#: The implementations whose time is broken down in one more run (:func:`_profile`).
+PROFILED = (CHUNKERNELS, NO_HALO, FUSED)
 
 
 def run(args) -> dict:
@@ -239,9 +241,60 @@ def _measure(client, gpu, x, label, build, reference, check, repeat) -> dict:
     before = _transfers(client)
     seconds = bench.wall_median(timed, repeat, warmup=1, after=lambda keys: _forget(client, keys))
     count, nbytes = (b - a for a, b in zip(before, _transfers(client)))
+    profile = None
+    if label in PROFILED:
+        profile = _profile(client, lambda: build(x), lambda z: [client.persist(z)])
     return {"seconds": seconds, "GB/s": x.nbytes / seconds / 1e9,
             "memory": _memory(starts, ends), "transfers_per_run": count / (repeat + 1),
-            "bytes_moved_per_run": nbytes / (repeat + 1)}
+            "bytes_moved_per_run": nbytes / (repeat + 1), "profile": profile}
+
+
+def _profile(client, build, persist) -> dict:
+    """One more run under distributed's task stream: where its wall time goes.
+
+    ``build()`` makes the graph (timed apart: placement queries and batches submitted while
+    building count there), ``persist(graph)`` submits it and returns the persisted collections.
+    The phases, in seconds: ``build``; ``to_first_task``, from the submission to the first task's
+    start on a worker (the scheduler's latency); ``busy``, the largest sum of task run times on
+    one worker (its thread launching kernels, or computing on CPUs); ``transfers``, the largest
+    sum of incoming transfer times on one worker; ``after_last_task``, from the last task's end
+    to the persisted result with every GPU synchronised (the GPU finishing launched work, and
+    the scheduler's reply). GPU launches return before the kernels run, so ``busy`` is the
+    workers' host time, not the GPUs'.
+    """
+    from distributed import get_task_stream, wait
+    from distributed.utils import key_split
+
+    with get_task_stream(client) as stream:
+        start = time.time()
+        graph = build()
+        built = time.time()
+        results = persist(graph)
+        wait(results)
+        client.run(_synchronize)
+        end = time.time()
+    keys = [k for r in results for k in _keys(r)]
+    del results, graph
+    _forget(client, keys)
+    busy: dict = {}
+    moving: dict = {}
+    by_prefix: dict = {}
+    first, last = end, built
+    for task in stream.data:
+        for phase in task.get("startstops", ()):
+            span = phase["stop"] - phase["start"]
+            if phase["action"] == "compute":
+                busy[task["worker"]] = busy.get(task["worker"], 0.0) + span
+                prefix = key_split(task["key"])
+                by_prefix[prefix] = by_prefix.get(prefix, 0.0) + span
+                first, last = min(first, phase["start"]), max(last, phase["stop"])
+            elif phase["action"] == "transfer":
+                moving[task["worker"]] = moving.get(task["worker"], 0.0) + span
+    top = sorted(by_prefix.items(), key=lambda kv: -kv[1])[:3]
+    return {"wall": end - start, "build": built - start, "tasks": len(stream.data),
+            "to_first_task": max(0.0, first - built), "busy": max(busy.values(), default=0.0),
+            "transfers": max(moving.values(), default=0.0),
+            "after_last_task": max(0.0, end - last), "top": [[k, v] for k, v in top]}
 
 
 def _transfers(client) -> tuple[int, int]:
@@ -288,6 +341,7 @@ def _measure_label(client, gpu, x, repeat) -> dict:
     before = _transfers(client)
     seconds = bench.wall_median(timed, repeat, warmup=1, after=lambda keys: _forget(client, keys))
     moved = [b - a for a, b in zip(before, _transfers(client))]
+    check["profile"] = _profile(client, lambda: list(ndimage.label(image)), client.persist)
     keys = _keys(image)
     image = None  # the last reference: its blocks are released, then forgotten
     _forget(client, keys)
@@ -424,17 +478,23 @@ def _memory_start(gpu: bool):
     """Start measuring the worker's peak memory; the bytes it holds now (None: not measurable).
 
     GPU: CuPy's memory pool, its cache freed, holds exactly what is in use; what it holds after a
-    run is its high-water mark. Where CuPy allocates through something else (RMM), None.
-    CPU: ``tracemalloc`` (NumPy reports its buffers to it).
+    run is its high-water mark. Where CuPy allocates through RMM (dask-cuda's RMM options), RMM's
+    allocation statistics (:mod:`rmm.statistics`): a fresh counter from here, so the bytes held
+    now count as 0. CPU: ``tracemalloc`` (NumPy reports its buffers to it).
     """
     if gpu:
         cp = cuda.cupy()
         pool = cp.get_default_memory_pool()
-        if cp.cuda.get_allocator() != pool.malloc:
-            return None
         cp.cuda.Device().synchronize()
-        pool.free_all_blocks()
-        return pool.used_bytes()
+        if cp.cuda.get_allocator() == pool.malloc:
+            pool.free_all_blocks()
+            return pool.used_bytes()
+        rmm = _rmm_statistics()
+        if rmm is None:
+            return None
+        rmm.enable_statistics()
+        rmm.push_statistics()
+        return 0
     import tracemalloc
 
     tracemalloc.start()
@@ -442,14 +502,30 @@ def _memory_start(gpu: bool):
     return tracemalloc.get_traced_memory()[0]
 
 
+def _rmm_statistics():
+    """:mod:`rmm.statistics` where CuPy allocates through RMM, else None."""
+    allocator = cuda.cupy().cuda.get_allocator()
+    if "rmm" not in (getattr(allocator, "__module__", None) or ""):
+        return None
+    try:
+        import rmm.statistics
+    except ImportError:
+        return None
+    return rmm.statistics
+
+
 def _memory_end(gpu: bool):
     """``(held now, peak)`` in bytes since :func:`_memory_start` (None: not measurable)."""
     if gpu:
         cp = cuda.cupy()
         pool = cp.get_default_memory_pool()
-        if cp.cuda.get_allocator() != pool.malloc:
+        if cp.cuda.get_allocator() == pool.malloc:
+            return pool.used_bytes(), pool.total_bytes()
+        rmm = _rmm_statistics()
+        counts = None if rmm is None else rmm.pop_statistics()
+        if counts is None:
             return None
-        return pool.used_bytes(), pool.total_bytes()
+        return counts.current_bytes, counts.peak_bytes
     import tracemalloc
 
     held, peak = tracemalloc.get_traced_memory()
@@ -568,6 +644,8 @@ def markdown(r) -> str:
                 lines.append(f"| {impl} | {_fmt_chunk(chunks)} | " + " | ".join(
                     cell((*p, chunks, impl), "speedup", "{:.2f}×") for p in places) + " |")
 
+    lines += _profile_table(r, places, chunkings, get)
+
     lines += ["", "Peak memory per worker above what it held before the run (largest over the "
               "workers; CuPy's pool on GPUs, tracemalloc on CPUs), and working memory: the peak "
               "less what the worker holds after the run (its input and its share of the "
@@ -618,6 +696,38 @@ def markdown(r) -> str:
                          f"{'yes' if row.get('scipy') else 'no (too large)'} |")
     lines += [""] + [f"Note: {n}" for n in r["notes"]]
     return "\n".join(lines).rstrip()
+
+
+def _profile_table(r, places, chunkings, get) -> list[str]:
+    """Where one run's wall time goes (:func:`_profile`), per cluster and implementation."""
+    rows = []
+    for kind, workers in places:
+        for chunks in chunkings:
+            found = [(impl, get.get((kind, workers, chunks, impl))) for impl in PROFILED]
+            found += [(LABEL, row) for row in r.get("labels", [])
+                      if (row["kind"], row["workers"], tuple(row["chunks"])) == (kind, workers,
+                                                                                 chunks)]
+            for impl, row in found:
+                p = None if row is None else row.get("profile")
+                if p is None:
+                    continue
+                top = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in p["top"])
+                rows.append(f"| {_where(row)} | {_fmt_chunk(chunks)} | {impl} | "
+                            f"{p['wall'] * 1e3:.0f} | {p['build'] * 1e3:.0f} | "
+                            f"{p['to_first_task'] * 1e3:.0f} | {p['busy'] * 1e3:.0f} | "
+                            f"{p['transfers'] * 1e3:.0f} | {p['after_last_task'] * 1e3:.0f} | "
+                            f"{p['tasks']} | {top} |")
+    if not rows:
+        return []
+    return ["", "Where the time of one more run goes, in ms (distributed's task stream): building "
+            "the graph on the client; from its submission to the first task; the busiest "
+            "worker's task time (its thread: on GPUs the launches, which return before the "
+            "kernels finish); the busiest worker's incoming transfers; from the last task's end "
+            "to the result with every GPU synchronised; the tasks run; the task groups with the "
+            "most task time (ms):", "",
+            "| workers | chunk | implementation | wall | build | to first task | busiest worker | "
+            "transfers | after last task | tasks | most task time |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|", *rows]
 
 
 def _mib(nbytes) -> str:
