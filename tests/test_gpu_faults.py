@@ -175,7 +175,10 @@ def test_a_gpu_worker_killed_mid_demo_pipeline_changes_nothing(gpus, tmp_path, c
     pytest.importorskip("tqdm")
     from chunkernels import demo
 
-    args = argparse.Namespace(image=None, size=2048, chunks=256, seed=3, out=str(tmp_path))
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)  # the command's own options and defaults (validation on)
+    args = parser.parse_args(["--size", "2048", "--chunks", "256", "--seed", "3", "--out",
+                              str(tmp_path)])
     with _gpu_cluster(gpus) as c:
         outcome = {}
 
