@@ -17,6 +17,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
+from dask.sizeof import sizeof
 from filtercheck import backends, device, layouts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -541,11 +542,19 @@ def test_on_a_cluster_of_processes():
         for source in (da.from_array(x, chunks=(13, 17)),
                        da.from_array(x, chunks=(13, 17)).persist()):
             labels, count = ndimage.label(source, S22)
-            # only the chunks' summaries travel to the merge, not their labels
+            # only the chunks' summaries travel to the merge, not their labels; each relabel
+            # task merges them on its own worker, so the merge's numbering travels nowhere
             graph = graph_on_a_cluster(labels)
-            merge = next(task for key, task in graph.items() if key[0].endswith("-merge"))
+            merge_key, merge = next((key, task) for key, task in graph.items()
+                                    if key[0].endswith("-merge"))
             assert {k[0].rsplit("-", 1)[1] for k in merge.dependencies} == {"summary"}
             assert sum(k[0].startswith("label-") for k in graph) == 3 * source.npartitions + 1
+            relabels = [task for key, task in graph.items() if key[0] == labels.name]
+            assert len(relabels) == source.npartitions
+            for task in relabels:
+                assert merge_key not in task.dependencies
+                kinds = {k[0].rsplit("-", 1)[1] for k in task.dependencies}
+                assert kinds == {"summary", "local"}
             labels, count = dask.compute(labels, count)
             assert int(count) == n
             assert_close(labels, expected)
@@ -899,7 +908,7 @@ def test_check_command_gpu():
 def label_on_gpu_workers(workers, **cluster_kwargs):
     """Chunks persisted on ``workers`` worker processes using CuPy (``cluster.client`` of
     ``cluster_kwargs``), labelled there: SciPy's labels, with the summaries going to the merge
-    (not the labels) and the device merge's numbering to every worker."""
+    and to every worker (not the labels), each worker merging them on its own GPU."""
     cp = pytest.importorskip("cupy")
     from distributed import futures_of, wait
 
@@ -918,7 +927,10 @@ def label_on_gpu_workers(workers, **cluster_kwargs):
         graph = graph_on_a_cluster(labels)
         assert any(k[0].endswith("-summary") for k in graph)
         merge = next(k for k in graph if k[0].endswith("-merge"))
-        assert isinstance(c.get(graph, merge), _device_merge._DeviceNumbering)  # merged on a worker's GPU
+        merged = c.get(graph, merge)
+        assert isinstance(merged, _device_merge._DeviceNumbering)  # merged on a worker's GPU
+        # Dask sees what it weighs (its device arrays), though it travels nowhere
+        assert sizeof(merged) > sum(a.nbytes for a in merged.arrays.values()) > 0
         got, k = dask.compute(labels, number)
         assert int(k) == count
         assert cuda.is_cupy_array(got)

@@ -173,6 +173,11 @@ class _DeviceNumbering:
         self.structure = plan.structure
         self._copies = {}
 
+    def __sizeof__(self) -> int:
+        """Its device arrays' bytes too, which Dask's ``sizeof`` (``sys.getsizeof``) then
+        reports: the scheduler's placement and the transfer counters see what it weighs."""
+        return object.__sizeof__(self) + sum(a.nbytes for a in self.arrays.values())
+
     def merged(self, a) -> tuple:
         """The renumbering kernels' arguments for the merge (label_merged in label.cu), from
         the arrays ``a`` (:meth:`_here`)."""

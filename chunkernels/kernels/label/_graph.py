@@ -9,7 +9,9 @@ two need each other (the spec's ``dask_graph`` is :func:`dask_graph`; :func:`gpu
 
 from __future__ import annotations
 
+import collections
 import functools
+import threading
 import warnings
 
 import numpy as np
@@ -273,9 +275,10 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape) -> dict:
       the device either way;
     * ``"per block"``: a local labelling per block, one merge, a relabel per block: NumPy blocks
       under a local scheduler, labelled by SciPy in parallel;
-    * ``"per block, summaries"``: the same, with a task per block that keeps only its summary,
-      so that on a cluster only the summaries travel to the merge's worker, not every chunk's
-      labels.
+    * ``"per block, summaries"``: on a cluster, a task per block that keeps only its summary,
+      and each block's relabel task merges every summary on its own worker, once per worker
+      (:func:`_merged_here`): only the summaries travel (they grow with the chunks' faces), not
+      the chunks' labels nor the merge's numbering (which grows with the lines and the labels).
     """
     from chunkernels import _graph
 
@@ -294,10 +297,50 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape) -> dict:
     if shape == "per block, summaries":
         merged_from = [tasks.add((f"{name}-summary", *index), _summary_of, ref)
                        for index, ref in zip(indices, locals_)]
+    if shape == "per block, summaries":
+        # Each relabel task merges the summaries on its own worker, once per worker
+        # (:func:`_merged_here`): the summaries grow with the faces, the merge's numbering with
+        # the lines and the labels (hundreds of MB for a 65536² image), so the faces travel to
+        # every worker rather than the numbering. The merge task gives the count.
+        summaries = tasks.items(merged_from)
+        tasks.add(merge_key, _merged_here, name, merge_plan, summaries)
+        for b, (index, ref) in enumerate(zip(indices, locals_)):
+            tasks.add((name, *index), _relabel_merging_here, name, merge_plan, summaries, ref, b,
+                      dtype)
+        return tasks.graph
     merged = tasks.add(merge_key, _merge_task, merge_plan, tasks.items(merged_from))
     for b, (index, ref) in enumerate(zip(indices, locals_)):
         tasks.add((name, *index), _relabel, ref, merged, b, dtype)
     return tasks.graph
+
+
+#: The merges this process made for label graphs on a cluster, by graph name and device
+#: (:func:`_merged_here`), the most recent last; :data:`_MERGES_KEPT` of them are kept.
+_MERGES: collections.OrderedDict = collections.OrderedDict()
+_MERGES_LOCK = threading.Lock()
+_MERGES_KEPT = 2
+
+
+def _merged_here(name, plan, summaries):
+    """Step 2 on this worker (:func:`_merge_task`), made once per graph and device in a process
+    and kept for the graph's other relabel tasks here. The merge is deterministic, so every
+    worker's is the same numbering."""
+    device = next((s.device.id for s in summaries if cuda.is_cupy_array(s)), None)
+    key = (name, device)
+    with _MERGES_LOCK:
+        merged = _MERGES.get(key)
+        if merged is None:
+            merged = _MERGES[key] = _merge_task(plan, summaries)
+            while len(_MERGES) > _MERGES_KEPT:
+                _MERGES.popitem(last=False)
+        else:
+            _MERGES.move_to_end(key)
+    return merged
+
+
+def _relabel_merging_here(name, plan, summaries, local, b, dtype):
+    """Step 3 with the merge made on this worker (:func:`_merged_here`)."""
+    return _relabel(local, _merged_here(name, plan, summaries), b, dtype)
 
 
 def _count_tasks(name, numblocks, shape) -> dict:
