@@ -126,8 +126,10 @@ def out_of_memory_error(kernel: str, shape: tuple[int, ...], dtype, device, dept
     ``device``; ``failure`` is the allocator's ``"Type: message"``. Raise it outside the
     ``except`` block that caught the allocator's error, so that no frame of the failed work (and
     none of its device buffers) stays referenced from it."""
-    return GPUOutOfMemoryError(out_of_memory_message(
+    error = GPUOutOfMemoryError(out_of_memory_message(
         kernel, shape, dtype, depth, device_memory(device), failure))
+    error.failure = failure  # the allocator's words, for a caller that knows the halo better
+    return error
 
 
 def device_memory(device) -> dict[str, Any]:

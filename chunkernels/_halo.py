@@ -264,12 +264,17 @@ def extend_and_run(fn, plan, cores, pieces):
     if xp is np:
         return fn(*(_extend(np, plan, block, parts) for block, parts in zip(cores, pieces)))[core]
     with cores[0].device:
+        extended = None
         try:
             extended = [_extend(xp, plan, block, parts) for block, parts in zip(cores, pieces)]
+            result = fn(*extended)
         except MemoryError as exc:  # CuPy's OutOfMemoryError, RMM's bad_alloc
-            failure = f"{type(exc).__name__}: {exc}"
+            # the kernel's own GPUOutOfMemoryError (run_block) counts the spec's whole halo on
+            # both sides of every axis; this block's halo is known here (edges, single chunks)
+            failure = getattr(exc, "failure", None) or f"{type(exc).__name__}: {exc}"
         else:
-            return fn(*extended)[core]
+            return result[core]
+        extended = None  # the error's traceback holds this frame: free the halo buffers now
         # the halo buffer did not fit: the error run_block raises, for the extended block
         from chunkernels._dispatch import out_of_memory_error
 

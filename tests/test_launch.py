@@ -729,12 +729,13 @@ __global__ void fill(T* out, T value, int n)
 
 @pytest.fixture
 def fill_kernel(monkeypatch):
-    """``cuda.function("launch_test", "fill<T>")`` compiles the template above."""
+    """``cuda.function("launch_test.cu", "fill<T>")`` compiles the template above (a library
+    source's name: no registered kernel, the source read through ``cuda.source``)."""
     source = cuda.source
     monkeypatch.setattr(cuda, "source",
-                        lambda kernel: _FILL if kernel == "launch_test" else source(kernel))
-    yield lambda dtype: cuda.function("launch_test", f"fill<{cuda.cuda_type(dtype)}>")
-    cuda.forget("launch_test")
+                        lambda kernel: _FILL if kernel == "launch_test.cu" else source(kernel))
+    yield lambda dtype: cuda.function("launch_test.cu", f"fill<{cuda.cuda_type(dtype)}>")
+    cuda.forget("launch_test.cu")
 
 
 @pytest.mark.gpu
