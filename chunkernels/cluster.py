@@ -274,8 +274,25 @@ def _cuda_cluster(devices, threads, processes, kwargs):
     # No work stealing: blocks are placed on purpose (distribute) and a kernel task must run
     # where its block lives; stealing moved placed blocks and their tasks to idle GPUs, whole
     # blocks over the network (measured: 25 / 39 blocks of a 32 / 32 placement on two H100s).
-    with dask.config.set({"distributed.scheduler.work-stealing": False}):
+    with dask.config.set({"distributed.scheduler.work-stealing": False, **_no_workers()}):
         return LocalCUDACluster(**options)
+
+
+#: How long a task may wait for a worker it can run on, in the clusters :func:`client` starts
+#: (where Dask's configuration sets none), before it fails with distributed's
+#: ``NoValidWorkerError`` instead of waiting for ever. Placed blocks are made with loose worker
+#: restrictions (:func:`distribute`); when every worker dies at once (a cluster of one), their
+#: recomputation waits for the dead workers' addresses, which the restarted ones do not have
+#: (distributed reschedules such tasks only onto the workers they name: dask/distributed#7346).
+NO_WORKERS_TIMEOUT = "60s"
+
+
+def _no_workers() -> dict:
+    """The scheduler's ``no-workers-timeout``: :data:`NO_WORKERS_TIMEOUT` unless configured."""
+    import dask
+
+    key = "distributed.scheduler.no-workers-timeout"
+    return {} if dask.config.get(key, None) is not None else {key: NO_WORKERS_TIMEOUT}
 
 
 def _cpu_cluster(threads, processes, kwargs):
@@ -287,7 +304,10 @@ def _cpu_cluster(threads, processes, kwargs):
     if not processes:
         options["n_workers"] = 1  # one worker of threads: no process boundary to copy across
     options.update(kwargs)
-    return LocalCluster(**options)
+    import dask
+
+    with dask.config.set(_no_workers()):
+        return LocalCluster(**options)
 
 
 @functools.cache

@@ -69,3 +69,61 @@ def test_a_worker_killed_mid_compute_leaves_the_result_unchanged():
         np.testing.assert_array_equal(got, expected)
         c.wait_for_workers(2, timeout=30)  # the nanny started a fresh worker process
         assert pids[victim] not in c.run(os.getpid).values()
+
+
+def test_the_only_worker_killed_mid_demo_fails_clearly_instead_of_hanging(tmp_path):
+    """The demo's pipeline on a cluster of one worker process, killed while it labels: the
+    placed blocks' recomputation is restricted to the dead worker's address, which distributed
+    never maps to the restarted worker (dask/distributed#7346). The clusters chunkernels starts
+    set a no-workers timeout (:data:`chunkernels.cluster.NO_WORKERS_TIMEOUT`; here shortened),
+    so the pipeline fails with distributed's NoValidWorkerError instead of waiting for ever."""
+    import argparse
+    import threading
+
+    from distributed.scheduler import NoValidWorkerError
+
+    from chunkernels import demo
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    args = parser.parse_args(["--size", "512", "--chunks", "64", "--out", str(tmp_path)])
+    config = {"distributed.scheduler.allowed-failures": 4,
+              "distributed.scheduler.no-workers-timeout": "3s"}
+    with dask.config.set(config), cluster.client(gpus=0, processes=True, n_workers=1, threads=1,
+                                                 dashboard_address=None) as c:
+        outcome = {}
+
+        def run():
+            try:
+                outcome["status"] = demo._pipeline(args, c)
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                outcome["error"] = exc
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        (pid,) = c.run(os.getpid).values()
+        deadline = time.monotonic() + 60
+        while not c.run_on_scheduler(_label_results_held):
+            assert thread.is_alive(), f"the pipeline ended before any block was labelled: {outcome}"
+            assert time.monotonic() < deadline, "no label result appeared in 60 s"
+            time.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        thread.join(timeout=90)
+        assert not thread.is_alive(), "the pipeline hangs after its only worker died"
+        assert isinstance(outcome.get("error"), NoValidWorkerError), outcome
+
+
+def test_the_clusters_started_here_time_out_tasks_without_workers():
+    """Unless Dask's configuration says otherwise."""
+    from chunkernels.cluster import NO_WORKERS_TIMEOUT, _no_workers
+
+    key = "distributed.scheduler.no-workers-timeout"
+    assert _no_workers() == {key: NO_WORKERS_TIMEOUT}
+    with dask.config.set({key: "5 minutes"}):
+        assert _no_workers() == {}
+
+
+def _label_results_held(dask_scheduler=None) -> int:
+    """On the scheduler: finished tasks of a label graph."""
+    return sum(ts.state == "memory" and str(ts.key).startswith("('label-")
+               for ts in dask_scheduler.tasks.values())
