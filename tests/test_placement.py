@@ -230,9 +230,10 @@ def test_filter_label_and_pipeline_over_gpu_workers(protocol):
         x = cluster.distribute(lazy)
         counts = sorted(cluster.blocks_per_worker(x).values())
         assert len(counts) == n and counts[-1] - counts[0] <= 1
+        where = _graph.placement(x)  # before the filter: a block it copies is held twice then
         z = ndimage.gaussian_filter(x, 3.0).persist()
         wait(z)
-        where, out = _graph.placement(x), _graph.placement(z)
+        out = _graph.placement(z)
         assert sum(where[i] == out[i] for i in where) >= 0.9 * len(where)
         got = z.compute()
         assert cuda.is_cupy_array(got)
