@@ -155,3 +155,29 @@ def random_array(rng, shape, dtype):
     integral so that sums are exact whatever order a chunked computation adds them in."""
     return rng.integers(-1000, 1000, size=shape).astype(dtype)
 
+
+
+def demo_in_a_thread(client, tmp_path, *options):
+    """``chunkernels demo``'s pipeline on ``client``, started in a daemon thread with the
+    command's own parser and defaults (``--out tmp_path``, then ``options``): ``(thread,
+    outcome)``, where ``outcome`` gets ``"status"`` (the exit status) or ``"error"`` (what it
+    raised) when the pipeline ends. The fault tests kill workers while it runs."""
+    import argparse
+    import threading
+
+    from chunkernels import demo
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    args = parser.parse_args(["--out", str(tmp_path), *options])
+    outcome = {}
+
+    def run():
+        try:
+            outcome["status"] = demo._pipeline(args, client)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome

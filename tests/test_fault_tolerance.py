@@ -18,7 +18,7 @@ import time
 import dask
 import dask.array as da
 import numpy as np
-from conftest import MOVING_SUM, moving_sum_reference, random_array
+from conftest import MOVING_SUM, demo_in_a_thread, moving_sum_reference, random_array
 
 import chunkernels
 from chunkernels import cluster
@@ -77,30 +77,13 @@ def test_the_only_worker_killed_mid_demo_fails_clearly_instead_of_hanging(tmp_pa
     never maps to the restarted worker (dask/distributed#7346). The clusters chunkernels starts
     set a no-workers timeout (:data:`chunkernels.cluster.NO_WORKERS_TIMEOUT`; here shortened),
     so the pipeline fails with distributed's NoValidWorkerError instead of waiting for ever."""
-    import argparse
-    import threading
-
     from distributed.scheduler import NoValidWorkerError
 
-    from chunkernels import demo
-
-    parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)
-    args = parser.parse_args(["--size", "512", "--chunks", "64", "--out", str(tmp_path)])
     config = {"distributed.scheduler.allowed-failures": 4,
               "distributed.scheduler.no-workers-timeout": "3s"}
     with dask.config.set(config), cluster.client(gpus=0, processes=True, n_workers=1, threads=1,
                                                  dashboard_address=None) as c:
-        outcome = {}
-
-        def run():
-            try:
-                outcome["status"] = demo._pipeline(args, c)
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        thread, outcome = demo_in_a_thread(c, tmp_path, "--size", "512", "--chunks", "64")
         (pid,) = c.run(os.getpid).values()
         deadline = time.monotonic() + 60
         while not c.run_on_scheduler(_label_results_held):

@@ -14,7 +14,6 @@ its cases run once without it, so that a broken case is caught in the suite.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import faulthandler
 import os
@@ -32,11 +31,12 @@ import dask.array as da
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
+from conftest import demo_in_a_thread
+from gpu_pools import limited_pool, pool_used, unlimited_pool
 
 import chunkernels
 from chunkernels import GPUOutOfMemoryError, cluster
 from chunkernels import ndimage as cnd
-from gpu_pools import limited_pool, pool_used, unlimited_pool
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -174,23 +174,9 @@ def test_a_gpu_worker_killed_mid_demo_pipeline_changes_nothing(gpus, tmp_path, c
     instead of a hang."""
     pytest.importorskip("matplotlib")
     pytest.importorskip("tqdm")
-    from chunkernels import demo
-
-    parser = argparse.ArgumentParser()
-    demo.add_arguments(parser)  # the command's own options and defaults (validation on)
-    args = parser.parse_args(["--size", "2048", "--chunks", "256", "--seed", "3", "--out",
-                              str(tmp_path)])
     with _gpu_cluster(gpus) as c:
-        outcome = {}
-
-        def run():
-            try:
-                outcome["status"] = demo._pipeline(args, c)
-            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
+        thread, outcome = demo_in_a_thread(c, tmp_path, "--size", "2048", "--chunks", "256",
+                                           "--seed", "3")
         killed = _kill_when_holding(c, "label-", thread.is_alive)
         thread.join(timeout=300)
         assert not thread.is_alive(), "the demo's pipeline hangs after a worker died"
