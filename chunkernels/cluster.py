@@ -296,6 +296,7 @@ def _no_workers() -> dict:
 
 
 def _cpu_cluster(threads, processes, kwargs):
+    import dask
     from distributed import LocalCluster
 
     options: dict[str, Any] = {"processes": bool(processes)}
@@ -304,8 +305,6 @@ def _cpu_cluster(threads, processes, kwargs):
     if not processes:
         options["n_workers"] = 1  # one worker of threads: no process boundary to copy across
     options.update(kwargs)
-    import dask
-
     with dask.config.set(_no_workers()):
         return LocalCluster(**options)
 

@@ -294,9 +294,10 @@ def warm_up(client) -> None:
     it), for the same dtypes and the same graph shapes. A fresh install's first run then spends
     its compile time here, in parallel over the workers, and the pipeline's own steps compile
     nothing."""
+    from chunkernels.cluster import worker_count
     from chunkernels.sources import synthetic_sky
 
-    workers = 1 if client is None else max(1, len(client.scheduler_info()["workers"]))
+    workers = 1 if client is None else max(1, worker_count(client))
     side = math.isqrt(workers - 1) + 1  # blocks per axis: at least one block per worker,
     blocks = max(2, side)  # and at least 2x2, so that the label merges across chunk faces
     image, _ = synthetic_sky(WARM_UP_SIZE, chunks=-(-WARM_UP_SIZE // blocks), seed=0, gpu=True)

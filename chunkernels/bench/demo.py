@@ -47,7 +47,7 @@ from chunkernels.bench import (
     clusters,
     sweep,
 )
-from chunkernels.demo import WARM_UP_SIZE
+from chunkernels.demo import WARM_UP_SIZE, warm_up
 
 NEEDS_GPU = False
 CLUSTER = True
@@ -82,18 +82,13 @@ def run(args) -> dict:
                     data, reference = host, _reference(host)
                 ready = None
                 if kind == "gpu":  # the demo readies its kernels first (cluster start)
-                    from chunkernels.demo import warm_up
-
                     start = time.perf_counter()
                     warm_up(client)
                     ready = time.perf_counter() - start
                 found = _pipeline(image, client)  # the first run, checked
                 _check(found, reference, where)
                 timed = [_pipeline(image, client)["times"] for _ in range(repeat)]
-                rows.append(_row(where, kind, workers, image, found, timed, client))
-                rows[-1]["first_run"] = sum(found["times"].values())
-                rows[-1]["first_steps"] = found["times"]
-                rows[-1]["warm_up"] = ready
+                rows.append(_row(where, kind, workers, image, found, timed, ready, client))
                 del image, found
         peers = []
         for name, peer in (("photutils", _photutils), ("sep", _sep)):
@@ -210,14 +205,17 @@ def _check(found, reference, where) -> None:
                              f"center_of_mass / sum_labels on the same labels; not timing it")
 
 
-def _row(where, kind, workers, image, found, timed, client) -> dict:
+def _row(where, kind, workers, image, found, timed, ready, client) -> dict:
+    """One cluster's row: the medians of the ``timed`` runs, the first run (``found``, the
+    checked one) and the warm-up before it (``ready`` seconds; None where there was none)."""
     from chunkernels.cluster import gpu_names
 
     steps = {name: statistics.median(t[name] for t in timed) for name in STEPS}
     total = statistics.median(sum(t.values()) for t in timed)
     return {"impl": f"chunkernels on {where}", "kind": kind, "workers": workers,
             "devices": gpu_names(client), "blocks": image.npartitions, "seconds": total,
-            "steps": steps, "count": found["count"],
+            "steps": steps, "first_run": sum(found["times"].values()),
+            "first_steps": found["times"], "warm_up": ready, "count": found["count"],
             "kept": found["background"].count, "iterations": found["background"].iterations}
 
 
@@ -311,9 +309,10 @@ def _markdown(r) -> str:
         steps = " | ".join(f"{row['steps'][s] * 1e3:.1f}" for s in STEPS)
         faster = row["faster_than_peers"]
         first, ready = row.get("first_run"), row.get("warm_up")
-        first_cells = ("- | -" if first is None else
-                       f"{first * 1e3:.1f} | {first / row['seconds']:.1f}×")
-        first_cells = ("-" if ready is None else f"{ready * 1e3:.0f}") + " | " + first_cells
+        first_cells = " | ".join(
+            ["-" if ready is None else f"{ready * 1e3:.0f}",
+             *(["-", "-"] if first is None else
+               [f"{first * 1e3:.1f}", f"{first / row['seconds']:.1f}×"])])
         lines.append(f"| {row['impl']} | {row['blocks']} | {steps} | {row['seconds'] * 1e3:.1f} | "
                      f"{first_cells} | {row['count']} | "
                      f"{'-' if faster is None else f'{faster:.3g}×'} |")

@@ -262,8 +262,8 @@ def _profile(client, build, persist) -> dict:
     the scheduler's reply). GPU launches return before the kernels run, so ``busy`` is the
     workers' host time, not the GPUs'.
     """
+    from dask.utils import key_split
     from distributed import get_task_stream, wait
-    from distributed.utils import key_split
 
     with get_task_stream(client) as stream:
         start = time.time()
