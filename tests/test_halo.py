@@ -332,6 +332,49 @@ def test_a_held_piece_serialises_as_the_piece_alone():
     np.testing.assert_array_equal(piece.array(), block[8:10, 3:6])
 
 
+def _strip_pieces(xp):
+    rng = np.random.default_rng(3)
+    return [xp.asarray(rng.random((3, 5))), xp.asarray(rng.integers(0, 9, (7,), dtype=np.int8)),
+            xp.asarray(rng.random((2, 0))), xp.asarray(np.arange(6, dtype=np.complex64))[::-2],
+            xp.asarray(rng.random((4, 6)).astype(np.float32)).T]
+
+
+def test_strips_between_workers_travel_as_one_host_buffer():
+    """The strips one worker sends another: one aligned host buffer, any dtypes and layouts
+    (views, empty pieces), pickled with their values."""
+    import pickle
+
+    pieces = _strip_pieces(np)
+    strips = pickle.loads(pickle.dumps(_halo.cut_many(pieces, [(i, tuple(
+        (0, n) for n in p.shape)) for i, p in enumerate(pieces)])))
+    assert isinstance(strips, _halo.Strips) and not strips.gpu and len(strips) == len(pieces)
+    assert strips.host.dtype == np.uint8 and strips.host.ndim == 1
+    assert all(offset % _halo.Strips.ALIGN == 0 for offset, _, _ in strips.layout)
+    for i, p in enumerate(pieces):
+        assert strips[i].dtype == p.dtype and strips[i].shape == p.shape
+        np.testing.assert_array_equal(strips[i], p)
+    assert strips.__sizeof__() == strips.host.nbytes
+    part = _halo.cut_many([np.arange(20.0).reshape(4, 5)], [(0, ((1, 3), (2, 5)))])
+    np.testing.assert_array_equal(part[0], np.arange(20.0).reshape(4, 5)[1:3, 2:5])
+
+
+@pytest.mark.gpu
+def test_gpu_strips_are_cut_to_the_host_and_uploaded_once():
+    import pickle
+
+    cp = chunkernels.cuda.cupy()
+    pieces = _strip_pieces(cp)
+    strips = _halo.cut_many(pieces, [(i, tuple((0, n) for n in p.shape))
+                                     for i, p in enumerate(pieces)])
+    assert strips.gpu and isinstance(strips.host, np.ndarray)
+    back = pickle.loads(pickle.dumps(strips))
+    first = back[0]
+    assert chunkernels.cuda.is_cupy_array(first)
+    assert back[1].data.ptr - first.data.ptr == back.layout[1][0]  # views of one upload
+    for i, p in enumerate(pieces):
+        assert cp.array_equal(back[i], p) and back[i].dtype == p.dtype
+
+
 def _run_gather_kernel(words, shape, dtype):
     """What kernels_cuda/halo_gather.cu computes from its plan, step by step in Python: for each
     element of the buffer, the segment along every axis, the piece they select, and a read at that
