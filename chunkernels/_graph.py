@@ -518,8 +518,9 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
     :mod:`chunkernels._halo`:
 
     * inputs persisted on the current cluster, each block on one worker: a kernel task per block
-      reads its neighbours on the same worker in place, and the strips that cross workers
-      travel in one batch per pair of workers (:func:`_placed_graph`);
+      (per group of a worker's blocks, on GPU workers) reads its neighbours on the same worker
+      in place, and the strips that cross workers travel in one batch per pair of workers
+      (:func:`_placed_graph`);
     * otherwise, built where the graph is materialised (:func:`chosen_array`): locally, CuPy
       blocks in memory run in group tasks, other blocks a task each (strip tasks for lazy
       inputs); on a cluster, a task per block with strip tasks for lazy inputs.
@@ -634,7 +635,8 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
     worker). A kernel task per block reads the pieces its halo needs from blocks on its own
     worker in place (no copy, no transfer); the pieces held by other workers are cut by one
     task per (source worker, destination worker) pair, so that each pair exchanges one message
-    per run, and each kernel task picks its pieces from it. The batches are submitted when the
+    per run (:class:`~chunkernels._halo.Strips`), and each kernel task picks its pieces from
+    it. On GPU workers the kernel tasks of a worker are grouped (:func:`_worker_groups`). The batches are submitted when the
     graph is built (they read blocks already in memory); the scheduler runs each kernel task
     where most of the bytes it reads are: where its core block and its neighbours are (a batch
     of strips is small). (No worker is pinned: Dask's array optimisation drops layer
@@ -669,29 +671,79 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
         blocks = [inputs[i].dask.layers[names[i]][(names[i], *s)] for i, s in sources]
         tasks.graph[key] = client.submit(_halo.cut_many, blocks, cuts, key=key, workers=[there],
                                          allow_other_workers=True, pure=False)
+    grouped = _halo.group_placed([a._meta for a in inputs])
+    groups: dict[tuple, list] = {}  # per (worker, batches read): [(key, job)] in block order
     for index, target in targets.items():
         key = (name, *index)
         cores = tasks.items(tasks.ref((n, *index)) for n in names)
         if target is None:
-            tasks.add(key, _halo.call, fn, cores)
-            continue
-        plan, placements = target
-        here = where[index]
-        pieces = []
-        for i, n in enumerate(names):
-            own = []
-            for source, ranges, cut, _ in placements:
-                there = where[source]
-                if there == here:
-                    own.append(tasks.call(_halo.Held, tasks.ref((n, *source)), cut))
-                else:
-                    position = batches[(there, here)][(i, source, ranges)]
-                    own.append(tasks.call(_halo.picked, tasks.ref(batch_keys[(there, here)]),
-                                          position))
-            pieces.append(tasks.items(own))
-        tasks.add(key, _labelled(_halo.extend_and_run, index, fn), fn, plan, cores,
-                  tasks.items(pieces))
+            job, reads = (None, cores), ()
+        else:
+            plan, placements = target
+            here = where[index]
+            pieces, reads = [], set()
+            for i, n in enumerate(names):
+                own = []
+                for source, ranges, cut, _ in placements:
+                    there = where[source]
+                    if there == here:
+                        own.append(tasks.call(_halo.Held, tasks.ref((n, *source)), cut))
+                    else:
+                        batch = batch_keys[(there, here)]
+                        reads.add(batch)
+                        position = batches[(there, here)][(i, source, ranges)]
+                        own.append(tasks.call(_halo.picked, tasks.ref(batch), position))
+                pieces.append(tasks.items(own))
+            job = (plan, cores, tasks.items(pieces))
+        if grouped:
+            groups.setdefault((where[index], bool(reads)), []).append((key, job))
+        elif job[0] is None:
+            tasks.add(key, _halo.call, fn, job[1])
+        else:
+            tasks.add(key, _labelled(_halo.extend_and_run, index, fn), fn, *job)
+    itemsize = max(np.dtype(a.dtype).itemsize for a in inputs)
+    for members in groups.values():
+        _worker_groups(tasks, name, fn, members, chunks, itemsize)
     return tasks.graph
+
+
+def _worker_groups(tasks, name, fn, members, chunks, itemsize) -> None:
+    """The kernel tasks of one worker's blocks that read the same kind of pieces (its own blocks
+    only, or strips from other workers too) as group tasks of at most
+    :data:`~chunkernels._halo.PLACED_GROUP_BYTES` of output each, and a task per output key
+    picking its block from its group's results.
+
+    On GPU workers (one thread each) a kernel task only queues launches, and what a task costs
+    is the worker's handling of it: its message, its run spec unpickled, its dependencies looked
+    up (about 1 ms for a halo task with nine blocks on a busy worker's event loop, as much as the
+    kernel on a 128 MiB chunk). A group pays that once for many blocks; its pick tasks are as
+    cheap as a map_blocks task. The blocks whose halo crosses workers are grouped apart, so the
+    others run while their strips travel.
+
+    A pick task also takes its block's input (its core blocks, unused): Dask's scheduler counts
+    a task group whose dependencies hold fewer than 5 tasks in all as "root-ish" and queues it,
+    handing a worker one at a time, a round trip each: 64 picks of 4 groups took 200 ms on one
+    H100 that way."""
+    group, size = [], 0
+
+    def close():
+        key = (f"{name}-group", len(tasks.graph))
+        where = (f"blocks {group[0][0][1:]} to {group[-1][0][1:]} (one task)" if len(group) > 1
+                 else tuple(group[0][0][1:]))
+        ref = tasks.add(key, _Labelled(_halo.run_each, where, fn), fn,
+                        tasks.items(tasks.items(job) for _, job in group))
+        for position, (k, job) in enumerate(group):
+            tasks.add(k, _halo.picked_beside, ref, position, job[1])
+
+    for key, job in members:
+        nbytes = itemsize * math.prod(c[i] for c, i in zip(chunks, key[1:]))
+        if group and size + nbytes > _halo.PLACED_GROUP_BYTES:
+            close()
+            group, size = [], 0
+        group.append((key, job))
+        size += nbytes
+    if group:
+        close()
 
 
 def persist_blocks(a, blocks_by_worker: dict[str, list[tuple]], client):
