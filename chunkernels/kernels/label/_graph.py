@@ -17,7 +17,7 @@ import warnings
 import numpy as np
 import scipy.ndimage as ndi
 
-from chunkernels import cuda
+from chunkernels import _halo, cuda
 from chunkernels._errors import CPUFallbackWarning, UnsupportedBlockError
 from chunkernels._registry import KernelSpec
 from chunkernels.kernels.label._device_merge import _DeviceNumbering, _table_device, merge_device
@@ -128,7 +128,12 @@ def _on_one_device(summaries) -> bool:
 
 
 def _summary_of(local):
-    return local[1]
+    """A block's summary as it travels to every worker (the cluster shape): a GPU summary is
+    copied to the host here (:class:`~chunkernels._halo.Strips`), so that sending it never waits
+    behind the kernels its GPU has queued since (a device-to-host copy on the default stream
+    would, when another worker asks for it); each worker uploads it once."""
+    summary = local[1]
+    return _halo.Strips.of([summary]) if cuda.is_cupy_array(summary) else summary
 
 
 def _merge_task(plan, results):
@@ -325,12 +330,21 @@ def _merged_here(name, plan, summaries):
     """Step 2 on this worker (:func:`_merge_task`), made once per graph and device in a process
     and kept for the graph's other relabel tasks here. The merge is deterministic, so every
     worker's is the same numbering."""
-    device = next((s.device.id for s in summaries if cuda.is_cupy_array(s)), None)
+    device = None
+    for s in summaries:
+        if cuda.is_cupy_array(s):
+            device = s.device.id
+        elif isinstance(s, _halo.Strips) and s.gpu:  # uploaded to this worker's device
+            device = cuda.cupy().cuda.runtime.getDevice()
+        else:
+            continue
+        break
     key = (name, device)
     with _MERGES_LOCK:
         merged = _MERGES.get(key)
         if merged is None:
-            merged = _MERGES[key] = _merge_task(plan, summaries)
+            arrays = [s[0] if isinstance(s, _halo.Strips) else s for s in summaries]
+            merged = _MERGES[key] = _merge_task(plan, arrays)
             while len(_MERGES) > _MERGES_KEPT:
                 _MERGES.popitem(last=False)
         else:
