@@ -3,6 +3,7 @@ histograms, rank selection, extremes) and the clipping driver, NumPy, Dask (NumP
 chunks) and CuPy, every dtype it takes, views, chunkings, and the median exactly."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -597,9 +598,12 @@ def test_cluster_actors_are_made_once_per_worker_and_released(cpu_cluster):
         assert len(made) == len(_clip_cluster._plan(on_workers)[1]) > 1
         again = kappa_sigma_clip(on_workers)
         assert cpu_cluster.__dict__[_clip_cluster._ATTRIBUTE] == made  # the same actors
-        # between calls they hold no blocks
-        calls = cpu_cluster.run(_open_calls, [f.key for f in made.values()])
-        assert set(calls.values()) == {0}
+        # between calls they hold no blocks (the client closes the calls as it returns, without
+        # waiting for them)
+        deadline = time.monotonic() + 10
+        while set(cpu_cluster.run(_open_calls, [f.key for f in made.values()]).values()) != {0}:
+            assert time.monotonic() < deadline, "a ClipService call stayed open"
+            time.sleep(0.05)
         assert _clip_cluster.release(cpu_cluster) == len(made)
         assert _clip_cluster._ATTRIBUTE not in cpu_cluster.__dict__
     assert first == again == kappa_sigma_clip(dx)
