@@ -607,27 +607,37 @@ def _overlap_local(fn, name, names, held, chunks, depth, boundary, itemsize) -> 
     if not _halo.group_blocks(held):
         return _overlap_blocks(fn, name, names, held, chunks, depth, boundary)
     tasks, jobs = _overlap_jobs(fn, name, names, held, chunks, depth, boundary)
-    sizes = {key: itemsize * math.prod(c[i] for c, i in zip(chunks, key[1:])) for key in jobs}
+    _group_tasks(tasks, name, fn, jobs, chunks, itemsize, limit=_halo.GROUP_BYTES,
+                 run=_halo.run_group, pack=tuple)
+    return tasks.graph
+
+
+def _group_tasks(tasks, name, fn, jobs, chunks, itemsize, *, limit, run, pack,
+                 with_inputs=False) -> None:
+    """Group tasks over ``jobs`` (``{output key: job}``, in order), each computing
+    ``run(fn, its jobs)`` for at most ``limit`` bytes of output (``itemsize`` bytes an element),
+    and per output key a task picking its result. ``pack`` makes a job's containers task
+    arguments (``tuple``, or :meth:`Tasks.items` where they hold references); ``with_inputs``:
+    each pick task also takes its block's inputs, a dependency only (:func:`_placed_graph`)."""
     group, size = [], 0
 
     def close():
         key = (f"{name}-group", len(tasks.graph))
-        members = tuple(group)
-        where = f"blocks {members[0][1:]} to {members[-1][1:]} (one task)"
-        ref = tasks.add(key, _Labelled(_halo.run_group, where, fn), fn,
-                        tuple(jobs[k] for k in members))
-        for position, k in enumerate(members):
-            tasks.add(k, _halo.picked, ref, position)
+        where = (f"blocks {group[0][1:]} to {group[-1][1:]} (one task)" if len(group) > 1
+                 else tuple(group[0][1:]))
+        ref = tasks.add(key, _Labelled(run, where, fn), fn, pack(pack(jobs[k]) for k in group))
+        for position, k in enumerate(group):
+            tasks.add(k, _halo.picked, ref, position, *([jobs[k][1]] if with_inputs else []))
 
     for key in jobs:
-        if group and size + sizes[key] > _halo.GROUP_BYTES:
+        nbytes = itemsize * math.prod(c[i] for c, i in zip(chunks, key[1:]))
+        if group and size + nbytes > limit:
             close()
             group, size = [], 0
         group.append(key)
-        size += sizes[key]
+        size += nbytes
     if group:
         close()
-    return tasks.graph
 
 
 def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
@@ -636,11 +646,20 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
     worker in place (no copy, no transfer); the pieces held by other workers are cut by one
     task per (source worker, destination worker) pair, so that each pair exchanges one message
     per run (:class:`~chunkernels._halo.Strips`), and each kernel task picks its pieces from
-    it. On GPU workers the kernel tasks of a worker are grouped (:func:`_worker_groups`). The batches are submitted when the
-    graph is built (they read blocks already in memory); the scheduler runs each kernel task
-    where most of the bytes it reads are: where its core block and its neighbours are (a batch
-    of strips is small). (No worker is pinned: Dask's array optimisation drops layer
-    annotations, and a lost worker's tasks must run elsewhere.)"""
+    it. The batches are submitted when the graph is built (they read blocks already in memory);
+    the scheduler runs each kernel task where most of the bytes it reads are: where its core
+    block and its neighbours are (a batch of strips is small). (No worker is pinned: Dask's array optimisation drops layer
+    annotations, and a lost worker's tasks must run elsewhere.)
+
+    On GPU workers (one thread each) a kernel task only queues launches, and what a task costs
+    is the worker's handling of it: its message, its run spec unpickled, its dependencies looked
+    up (about 1 ms for a halo task with nine blocks, as much as the kernel on a 128 MiB chunk).
+    There each worker's blocks run in group tasks of at most
+    :data:`~chunkernels._halo.PLACED_GROUP_BYTES` of output (:func:`_group_tasks`), the blocks
+    whose halo crosses workers apart, so that the others run while their strips travel. A pick
+    task also takes its block's inputs: Dask's scheduler counts a task group whose dependencies
+    hold fewer than 5 tasks in all as "root-ish" and hands a worker one at a time, a round trip
+    each (64 picks of 4 groups took 200 ms on one H100 that way)."""
     names = [a.name for a in inputs]
     targets, _ = _halo.plans(chunks, depth, boundary, False)
     tasks = Tasks()
@@ -672,7 +691,7 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
         tasks.graph[key] = client.submit(_halo.cut_many, blocks, cuts, key=key, workers=[there],
                                          allow_other_workers=True, pure=False)
     grouped = _halo.group_placed([a._meta for a in inputs])
-    groups: dict[tuple, list] = {}  # per (worker, batches read): [(key, job)] in block order
+    groups: dict[tuple, dict] = {}  # per (worker, reads batches): {key: job} in block order
     for index, target in targets.items():
         key = (name, *index)
         cores = tasks.items(tasks.ref((n, *index)) for n in names)
@@ -696,54 +715,17 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
                 pieces.append(tasks.items(own))
             job = (plan, cores, tasks.items(pieces))
         if grouped:
-            groups.setdefault((where[index], bool(reads)), []).append((key, job))
+            groups.setdefault((where[index], bool(reads)), {})[key] = job
         elif job[0] is None:
             tasks.add(key, _halo.call, fn, job[1])
         else:
             tasks.add(key, _labelled(_halo.extend_and_run, index, fn), fn, *job)
     itemsize = max(np.dtype(a.dtype).itemsize for a in inputs)
-    for members in groups.values():
-        _worker_groups(tasks, name, fn, members, chunks, itemsize)
+    for jobs in groups.values():
+        _group_tasks(tasks, name, fn, jobs, chunks, itemsize,
+                     limit=_halo.PLACED_GROUP_BYTES, run=_halo.run_each, pack=tasks.items,
+                     with_inputs=True)
     return tasks.graph
-
-
-def _worker_groups(tasks, name, fn, members, chunks, itemsize) -> None:
-    """The kernel tasks of one worker's blocks that read the same kind of pieces (its own blocks
-    only, or strips from other workers too) as group tasks of at most
-    :data:`~chunkernels._halo.PLACED_GROUP_BYTES` of output each, and a task per output key
-    picking its block from its group's results.
-
-    On GPU workers (one thread each) a kernel task only queues launches, and what a task costs
-    is the worker's handling of it: its message, its run spec unpickled, its dependencies looked
-    up (about 1 ms for a halo task with nine blocks on a busy worker's event loop, as much as the
-    kernel on a 128 MiB chunk). A group pays that once for many blocks; its pick tasks are as
-    cheap as a map_blocks task. The blocks whose halo crosses workers are grouped apart, so the
-    others run while their strips travel.
-
-    A pick task also takes its block's input (its core blocks, unused): Dask's scheduler counts
-    a task group whose dependencies hold fewer than 5 tasks in all as "root-ish" and queues it,
-    handing a worker one at a time, a round trip each: 64 picks of 4 groups took 200 ms on one
-    H100 that way."""
-    group, size = [], 0
-
-    def close():
-        key = (f"{name}-group", len(tasks.graph))
-        where = (f"blocks {group[0][0][1:]} to {group[-1][0][1:]} (one task)" if len(group) > 1
-                 else tuple(group[0][0][1:]))
-        ref = tasks.add(key, _Labelled(_halo.run_each, where, fn), fn,
-                        tasks.items(tasks.items(job) for _, job in group))
-        for position, (k, job) in enumerate(group):
-            tasks.add(k, _halo.picked_beside, ref, position, job[1])
-
-    for key, job in members:
-        nbytes = itemsize * math.prod(c[i] for c, i in zip(chunks, key[1:]))
-        if group and size + nbytes > _halo.PLACED_GROUP_BYTES:
-            close()
-            group, size = [], 0
-        group.append((key, job))
-        size += nbytes
-    if group:
-        close()
 
 
 def persist_blocks(a, blocks_by_worker: dict[str, list[tuple]], client):

@@ -148,13 +148,9 @@ def _run_stack(fn, jobs):
     return [entry[plan[1]] for entry, (plan, *_) in zip(out, jobs)]
 
 
-def picked(results, position):
-    return results[position]
-
-
-def picked_beside(results, position, inputs):
-    """``results[position]``; ``inputs`` (the block's input blocks) are a dependency only, so
-    that the scheduler sees a task on that block (see :func:`chunkernels._graph._worker_groups`)."""
+def picked(results, position, *dependencies):
+    """``results[position]``; ``dependencies`` are arguments only so that a task depends on them
+    (see :func:`chunkernels._graph._placed_graph`)."""
     return results[position]
 
 
