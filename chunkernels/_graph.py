@@ -282,14 +282,65 @@ def blocks_then_combine(label: str, x, others: Sequence, block_task: Callable,
     name = f"{label}-{tokenize(x, *others, token)}"
     starts = [np.cumsum((0,) + c[:-1]).tolist() for c in x.chunks]
     tasks = Tasks()
+
+    def origin(index):
+        return tuple(int(s[i]) for s, i in zip(starts, index))
+
+    groups = _worker_groups_of((x, *others)) if _halo.group_placed([x._meta]) else None
+    if groups is not None:
+        # GPU workers: one task per worker runs the block task on each of its blocks (what a
+        # task costs there is Dask's handling of it, not the launches it queues)
+        order, parts = [], []
+        for g, members in enumerate(groups):
+            where = f"blocks {members[0]} to {members[-1]} (one task)"
+            parts.append(tasks.add(
+                (f"{name}-group", g), _Labelled(_each_block, where, block_task), block_task,
+                tuple(map(origin, members)), 1 + len(others),
+                *(tasks.block(a, index) for index in members for a in (x, *others))))
+            order.append(members)
+        number = {index: b for b, index in enumerate(np.ndindex(*x.numblocks))}
+        positions = tuple(tuple(number[i] for i in members) for members in order)
+        tasks.add((name, *(0,) * len(chunks)), _combine_in_block_order, combine_task, positions,
+                  *parts)
+        return tasks.array(name, chunks, dtype, meta)
     results = []
     for index in np.ndindex(*x.numblocks):
-        origin = tuple(int(s[i]) for s, i in zip(starts, index))
         args = [tasks.block(a, index) for a in (x, *others)]
         results.append(tasks.add((f"{name}-block", *index), _labelled(block_task, index),
-                                 origin, *args))
+                                 origin(index), *args))
     tasks.add((name, *(0,) * len(chunks)), combine_task, tasks.items(results))
     return tasks.array(name, chunks, dtype, meta)
+
+
+def _worker_groups_of(arrays) -> list[list[tuple]] | None:
+    """:func:`worker_groups` of the first of ``arrays`` when every one's blocks of each index
+    are (or will be) on the same worker, else None."""
+    groups = worker_groups(arrays[0])
+    if groups is None:
+        return None
+    where = {index: g for g, members in enumerate(groups) for index in members}
+    for a in arrays[1:]:
+        other = worker_groups(a)
+        if other is None or {i: g for g, m in enumerate(other) for i in m} != where:
+            return None
+    return groups
+
+
+def _each_block(block_task, origins, per_block, *blocks) -> list:
+    """``block_task(origin, *its blocks)`` for each of a worker's blocks (``per_block`` arrays
+    each, one after the other in ``blocks``)."""
+    return [block_task(origin, *blocks[b * per_block:(b + 1) * per_block])
+            for b, origin in enumerate(origins)]
+
+
+def _combine_in_block_order(combine_task, positions, *groups):
+    """``combine_task`` of the groups' block results put back in block order (``positions``:
+    each group's block numbers)."""
+    results = [None] * sum(map(len, positions))
+    for numbers, part in zip(positions, groups):
+        for b, result in zip(numbers, part):
+            results[b] = result
+    return combine_task(results)
 
 
 def of_single_block(fn: Callable, a, shape: tuple, dtype, meta):
@@ -436,31 +487,72 @@ def _rebuild_chosen(cluster, annotations):
 # -- placement on a cluster ------------------------------------------------------------------------
 
 
-def placement(a) -> dict[tuple, str] | None:
+def placement(a, *, computed: bool = False) -> dict[tuple, str] | None:
     """Where the blocks of Dask array ``a`` live: ``{block index: worker address}`` when they
     are futures of the current distributed client, each held by one worker, else None (lazy or
-    local blocks, or blocks held twice)."""
+    local blocks, or blocks held twice).
+
+    With ``computed``, also where they will be computed: a block of a layer built here (a task
+    per block, as :func:`map_blocks` makes them, ``threshold`` for one) whose every dependency is
+    a persisted block held by the same worker is computed there (Dask runs a task where its
+    inputs are).
+    """
     client = current_client()
     if client is None:
         return None
     layer = a.dask.layers.get(a.name)
     if layer is None or not layer.is_materialized() or len(layer) != a.npartitions:
         return None
+    from dask.task_spec import Task
     from distributed import Future
 
-    futures = {}
+    futures, reads = {}, {}
     for key, value in layer.items():
-        if not isinstance(value, Future):
+        if isinstance(value, Future):
+            futures[key] = value
+        elif computed and isinstance(value, Task) and value.dependencies:
+            reads[key] = value.dependencies
+        else:
             return None
-        futures[key] = value
+    if reads:  # the persisted blocks the lazy ones read
+        held = {}
+        for name in a.dask.dependencies.get(a.name, ()):
+            below = a.dask.layers[name]
+            if not below.is_materialized():
+                return None
+            held.update(below)
+        for deps in reads.values():
+            for dep in deps:
+                if not isinstance(held.get(dep), Future):
+                    return None
+                futures[dep] = held[dep]
     who = client.who_has(list(futures.values()))
-    out = {}
+    at = {}
     for key, future in futures.items():
         holders = who.get(future.key) or ()  # a block moved into place has a key of its own
         if len(holders) != 1:
             return None
-        out[key[1:]] = holders[0]
+        at[key] = holders[0]
+    out = {}
+    for key in layer:
+        workers = {at[d] for d in reads[key]} if key in reads else {at[key]}
+        if len(workers) != 1:
+            return None
+        out[key[1:]] = workers.pop()
     return out
+
+
+def worker_groups(a) -> list[list[tuple]] | None:
+    """The block indices of Dask array ``a`` per worker that holds or will compute them
+    (:func:`placement` with ``computed``), each list in block order, the workers in address
+    order; None where that is not known."""
+    where = placement(a, computed=True)
+    if where is None:
+        return None
+    groups: dict[str, list] = {}
+    for index in np.ndindex(*a.numblocks):
+        groups.setdefault(where[index], []).append(index)
+    return [groups[w] for w in sorted(groups)]
 
 
 def tiles(numblocks: Sequence[int], n: int) -> dict[tuple, int]:
@@ -607,37 +699,45 @@ def _overlap_local(fn, name, names, held, chunks, depth, boundary, itemsize) -> 
     if not _halo.group_blocks(held):
         return _overlap_blocks(fn, name, names, held, chunks, depth, boundary)
     tasks, jobs = _overlap_jobs(fn, name, names, held, chunks, depth, boundary)
-    _group_tasks(tasks, name, fn, jobs, chunks, itemsize, limit=_halo.GROUP_BYTES,
-                 run=_halo.run_group, pack=tuple)
+
+    def group(key, where, members):
+        return tasks.add(key, _Labelled(_halo.run_group, where, fn), fn,
+                         tuple(tuple(jobs[k]) for k in members))
+
+    _group_tasks(tasks, name, fn, jobs, _block_bytes(jobs, chunks, itemsize),
+                 limit=_halo.GROUP_BYTES, group=group)
     return tasks.graph
 
 
-def _group_tasks(tasks, name, fn, jobs, chunks, itemsize, *, limit, run, pack,
-                 with_inputs=False) -> None:
-    """Group tasks over ``jobs`` (``{output key: job}``, in order), each computing
-    ``run(fn, its jobs)`` for at most ``limit`` bytes of output (``itemsize`` bytes an element),
-    and per output key a task picking its result. ``pack`` makes a job's containers task
-    arguments (``tuple``, or :meth:`Tasks.items` where they hold references); ``with_inputs``:
-    each pick task also takes its block's inputs, a dependency only (:func:`_placed_graph`)."""
-    group, size = [], 0
+def _group_tasks(tasks, name, fn, keys, sizes, *, limit, group, pick_inputs=None) -> None:
+    """Group tasks over the output ``keys`` (in order; ``sizes[key]``: the bytes of its output
+    block), each made by ``group(key, where, members)`` for at most ``limit`` bytes of output
+    (``where``: the blocks it computes, for its errors), and per output key a task picking its
+    result; ``pick_inputs(key)``: the references a pick task also takes, as dependencies only
+    (:func:`_placed_graph`)."""
+    members, size = [], 0
 
     def close():
         key = (f"{name}-group", len(tasks.graph))
-        where = (f"blocks {group[0][1:]} to {group[-1][1:]} (one task)" if len(group) > 1
-                 else tuple(group[0][1:]))
-        ref = tasks.add(key, _Labelled(run, where, fn), fn, pack(pack(jobs[k]) for k in group))
-        for position, k in enumerate(group):
-            tasks.add(k, _halo.picked, ref, position, *([jobs[k][1]] if with_inputs else []))
+        where = (f"blocks {members[0][1:]} to {members[-1][1:]} (one task)" if len(members) > 1
+                 else tuple(members[0][1:]))
+        ref = group(key, where, members)
+        for position, k in enumerate(members):
+            tasks.add(k, _halo.picked, ref, position,
+                      *(() if pick_inputs is None else pick_inputs(k)))
 
-    for key in jobs:
-        nbytes = itemsize * math.prod(c[i] for c, i in zip(chunks, key[1:]))
-        if group and size + nbytes > limit:
+    for key in keys:
+        if members and size + sizes[key] > limit:
             close()
-            group, size = [], 0
-        group.append(key)
-        size += nbytes
-    if group:
+            members, size = [], 0
+        members.append(key)
+        size += sizes[key]
+    if members:
         close()
+
+
+def _block_bytes(keys, chunks, itemsize) -> dict:
+    return {key: itemsize * math.prod(c[i] for c, i in zip(chunks, key[1:])) for key in keys}
 
 
 def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
@@ -648,18 +748,22 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
     per run (:class:`~chunkernels._halo.Strips`), and each kernel task picks its pieces from
     it. The batches are submitted when the graph is built (they read blocks already in memory);
     the scheduler runs each kernel task where most of the bytes it reads are: where its core
-    block and its neighbours are (a batch of strips is small). (No worker is pinned: Dask's array optimisation drops layer
-    annotations, and a lost worker's tasks must run elsewhere.)
+    block and its neighbours are (a batch of strips is small). (No worker is pinned: Dask's
+    array optimisation drops layer annotations, and a lost worker's tasks must run elsewhere.)
 
     On GPU workers (one thread each) a kernel task only queues launches, and what a task costs
     is the worker's handling of it: its message, its run spec unpickled, its dependencies looked
     up (about 1 ms for a halo task with nine blocks, as much as the kernel on a 128 MiB chunk).
     There each worker's blocks run in group tasks of at most
     :data:`~chunkernels._halo.PLACED_GROUP_BYTES` of output (:func:`_group_tasks`), the blocks
-    whose halo crosses workers apart, so that the others run while their strips travel. A pick
-    task also takes its block's inputs: Dask's scheduler counts a task group whose dependencies
-    hold fewer than 5 tasks in all as "root-ish" and hands a worker one at a time, a round trip
-    each (64 picks of 4 groups took 200 ms on one H100 that way)."""
+    whose halo crosses workers apart, so that the others run while their strips travel. A group
+    task is one flat task (:func:`_halo.run_placed`): the blocks and batches it reads are its
+    arguments, and its blocks' plans plain data, so that it costs the client, the scheduler and
+    the worker one task, not one per piece (a graph of nested tasks, a piece each, took longer
+    to build, send and unpack than the GPUs took to run it). A pick task also takes its block's
+    inputs: Dask's scheduler counts a task group whose dependencies hold fewer than 5 tasks in
+    all as "root-ish" and hands a worker one at a time, a round trip each (64 picks of 4 groups
+    took 200 ms on one H100 that way)."""
     names = [a.name for a in inputs]
     targets, _ = _halo.plans(chunks, depth, boundary, False)
     tasks = Tasks()
@@ -686,45 +790,70 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
         key = (f"{name}-batch", len(batch_keys))
         batch_keys[(there, here)] = key
         sources = list(dict.fromkeys((i, s) for i, s, _ in wanted))
-        cuts = tuple((sources.index((i, s)), c) for i, s, c in wanted)
+        cuts = np.array([(sources.index((i, s)), *(n for r in c for n in r))
+                         for i, s, c in wanted], dtype=np.int64)
         blocks = [inputs[i].dask.layers[names[i]][(names[i], *s)] for i, s in sources]
         tasks.graph[key] = client.submit(_halo.cut_many, blocks, cuts, key=key, workers=[there],
                                          allow_other_workers=True, pure=False)
-    grouped = _halo.group_placed([a._meta for a in inputs])
-    groups: dict[tuple, dict] = {}  # per (worker, reads batches): {key: job} in block order
+    # per output key: (plan, core keys, pieces) with keys for what it reads, each piece
+    # (key of a block, its slices) read in place or (key of a batch, position in it)
+    jobs: dict[tuple, tuple] = {}
+    groups: dict[tuple, list] = {}  # per (worker, reads batches): output keys in block order
     for index, target in targets.items():
         key = (name, *index)
-        cores = tasks.items(tasks.ref((n, *index)) for n in names)
+        cores = tuple((n, *index) for n in names)
         if target is None:
-            job, reads = (None, cores), ()
+            jobs[key] = (None, cores, ())
+            reads = False
         else:
             plan, placements = target
             here = where[index]
-            pieces, reads = [], set()
+            pieces, reads = [], False
             for i, n in enumerate(names):
                 own = []
                 for source, ranges, cut, _ in placements:
                     there = where[source]
                     if there == here:
-                        own.append(tasks.call(_halo.Held, tasks.ref((n, *source)), cut))
+                        own.append(((n, *source), cut))
                     else:
-                        batch = batch_keys[(there, here)]
-                        reads.add(batch)
-                        position = batches[(there, here)][(i, source, ranges)]
-                        own.append(tasks.call(_halo.picked, tasks.ref(batch), position))
-                pieces.append(tasks.items(own))
-            job = (plan, cores, tasks.items(pieces))
-        if grouped:
-            groups.setdefault((where[index], bool(reads)), {})[key] = job
-        elif job[0] is None:
-            tasks.add(key, _halo.call, fn, job[1])
-        else:
-            tasks.add(key, _labelled(_halo.extend_and_run, index, fn), fn, *job)
+                        own.append((batch_keys[(there, here)],
+                                    batches[(there, here)][(i, source, ranges)]))
+                        reads = True
+                pieces.append(tuple(own))
+            jobs[key] = (plan, cores, tuple(pieces))
+        groups.setdefault((where[index], reads), []).append(key)
+    if not _halo.group_placed([a._meta for a in inputs]):
+        # NumPy blocks (CPU workers): a task per block, which a worker's threads run in parallel
+        for key, (plan, cores, pieces) in jobs.items():
+            blocks = tasks.items(tasks.ref(k) for k in cores)
+            if plan is None:
+                tasks.add(key, _halo.call, fn, blocks)
+                continue
+            parts = tasks.items(tasks.items(
+                tasks.call(_halo.Held, tasks.ref(k), what) if isinstance(what, tuple)
+                else tasks.call(_halo.picked, tasks.ref(k), what) for k, what in own)
+                for own in pieces)
+            tasks.add(key, _labelled(_halo.extend_and_run, key[1:], fn), fn, plan, blocks,
+                      parts)
+        return tasks.graph
+
+    def group(key, where, members):
+        reads = {}  # the keys the group reads, in order: its arguments after the jobs
+        for k in members:
+            plan, cores, pieces = jobs[k]
+            for read in (*cores, *(r for own in pieces for r, _ in own)):
+                reads.setdefault(read, len(reads))
+        flat = tuple((plan, tuple(reads[c] for c in cores),
+                      tuple(tuple((reads[r], what) for r, what in own) for own in pieces))
+                     for plan, cores, pieces in (jobs[k] for k in members))
+        return tasks.add(key, _Labelled(_halo.run_placed, where, fn), fn, flat,
+                         *(tasks.ref(r) for r in reads))
+
     itemsize = max(np.dtype(a.dtype).itemsize for a in inputs)
-    for jobs in groups.values():
-        _group_tasks(tasks, name, fn, jobs, chunks, itemsize,
-                     limit=_halo.PLACED_GROUP_BYTES, run=_halo.run_each, pack=tasks.items,
-                     with_inputs=True)
+    sizes = _block_bytes(jobs, chunks, itemsize)
+    for members in groups.values():
+        _group_tasks(tasks, name, fn, members, sizes, limit=_halo.PLACED_GROUP_BYTES,
+                     group=group, pick_inputs=lambda k: [tasks.ref(c) for c in jobs[k][1]])
     return tasks.graph
 
 

@@ -109,10 +109,25 @@ def group_placed(metas) -> bool:
     return all(cuda.is_cupy_array(m) for m in metas)
 
 
-def run_each(fn, jobs):
-    """Each job's result, block by block (a group task on a cluster's GPU worker: no stacking,
-    whose buffer would add the whole group's size to the worker's peak memory)."""
-    return [run_job(fn, job) for job in jobs]
+def run_placed(fn, jobs, *values):
+    """Each job's result, block by block: a group task of a halo exchange on a cluster's GPU
+    worker (see :func:`chunkernels._graph._placed_graph`), whose jobs are plain data and whose
+    ``values`` are the blocks and batches of strips it reads. A job is ``(plan, cores,
+    pieces)``: ``cores``, the positions in ``values`` of its input blocks; ``pieces``, per input,
+    ``(position, slices)`` for a piece of a block read in place (:class:`Held`) or ``(position,
+    index)`` for piece ``index`` of a batch (:class:`Strips`); ``plan`` None for an empty
+    block. No stacking (:func:`run_group`): its buffer would add the whole group's size to the
+    worker's peak memory."""
+    out = []
+    for plan, cores, pieces in jobs:
+        blocks = tuple(values[at] for at in cores)
+        if plan is None:
+            out.append(call(fn, blocks))
+            continue
+        parts = tuple(tuple(Held(values[at], what) if isinstance(what, tuple)
+                            else values[at][what] for at, what in own) for own in pieces)
+        out.append(extend_and_run(fn, plan, blocks, parts))
+    return out
 
 
 def run_job(fn, job):
@@ -240,9 +255,12 @@ def cut(block, cuts):
 
 
 def cut_many(blocks, cuts):
-    """Pieces of several blocks (``cuts``: ``(position in blocks, (start, stop) per axis)``): the
-    strips one worker sends another in one message, as :class:`Strips`."""
-    return Strips.of([blocks[at][tuple(slice(*r) for r in ranges)] for at, ranges in cuts])
+    """Pieces of several blocks: the strips one worker sends another in one message, as
+    :class:`Strips`. ``cuts`` is an integer array with a row per piece: its block's position in
+    ``blocks``, then ``start, stop`` along each axis (an array, not nested tuples: submitting a
+    task, the client walks nested arguments looking for futures, 0.3 ms for a batch's tuples)."""
+    return Strips.of([blocks[row[0]][tuple(slice(*row[i:i + 2]) for i in range(1, len(row), 2))]
+                      for row in np.asarray(cuts).tolist()])
 
 
 class Strips:

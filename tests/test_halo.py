@@ -345,8 +345,7 @@ def test_strips_between_workers_travel_as_one_host_buffer():
     import pickle
 
     pieces = _strip_pieces(np)
-    strips = pickle.loads(pickle.dumps(_halo.cut_many(pieces, [(i, tuple(
-        (0, n) for n in p.shape)) for i, p in enumerate(pieces)])))
+    strips = pickle.loads(pickle.dumps(_halo.Strips.of(pieces)))
     assert isinstance(strips, _halo.Strips) and not strips.gpu and len(strips) == len(pieces)
     assert strips.host.dtype == np.uint8 and strips.host.ndim == 1
     assert all(offset % _halo.Strips.ALIGN == 0 for offset, _, _ in strips.layout)
@@ -354,8 +353,12 @@ def test_strips_between_workers_travel_as_one_host_buffer():
         assert strips[i].dtype == p.dtype and strips[i].shape == p.shape
         np.testing.assert_array_equal(strips[i], p)
     assert strips.__sizeof__() == strips.host.nbytes
-    part = _halo.cut_many([np.arange(20.0).reshape(4, 5)], [(0, ((1, 3), (2, 5)))])
-    np.testing.assert_array_equal(part[0], np.arange(20.0).reshape(4, 5)[1:3, 2:5])
+    blocks = [np.arange(20.0).reshape(4, 5), np.arange(12.0).reshape(3, 4).T]
+    part = _halo.cut_many(blocks, np.array([(0, 1, 3, 2, 5), (1, 0, 4, 2, 3), (0, 0, 0, 0, 5)]))
+    assert len(part) == 3
+    np.testing.assert_array_equal(part[0], blocks[0][1:3, 2:5])
+    np.testing.assert_array_equal(part[1], blocks[1][0:4, 2:3])
+    assert part[2].shape == (0, 5)
 
 
 @pytest.mark.gpu
@@ -364,8 +367,7 @@ def test_gpu_strips_are_cut_to_the_host_and_uploaded_once():
 
     cp = chunkernels.cuda.cupy()
     pieces = _strip_pieces(cp)
-    strips = _halo.cut_many(pieces, [(i, tuple((0, n) for n in p.shape))
-                                     for i, p in enumerate(pieces)])
+    strips = _halo.Strips.of(pieces)
     assert strips.gpu and isinstance(strips.host, np.ndarray)
     back = pickle.loads(pickle.dumps(strips))
     first = back[0]
