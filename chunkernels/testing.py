@@ -80,8 +80,9 @@ def graph_on_a_cluster(collection) -> dict:
     """
     import pickle
 
+    import cloudpickle  # what distributed falls back on for functions pickle cannot name
     from dask.highlevelgraph import HighLevelGraph
 
-    sent = pickle.loads(pickle.dumps(collection.__dask_graph__()))
+    sent = pickle.loads(cloudpickle.dumps(collection.__dask_graph__()))
     # a graph object caches its dict once materialised: read the layers themselves
     return dict(HighLevelGraph(sent.layers, sent.dependencies))

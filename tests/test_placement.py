@@ -183,6 +183,69 @@ def test_gpu_workers_run_placed_blocks_in_group_tasks(monkeypatch, params, chunk
         np.testing.assert_allclose(z.compute(), want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("chunks, shape, structure, workers, lazy", [
+    ((16, 16), (64, 48), None, 2, True),
+    ((16, 16), (64, 48), None, 3, False),
+    ((7, 50), (30, 101), np.ones((3, 3)), 3, True),  # uneven edges, 8-connected
+    ((5, 6, 4), (10, 12, 8), None, 1, True),
+    ((5, 6, 4), (10, 12, 8), np.ones((3, 3, 3)), 2, False),
+])
+def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, shape, structure,
+                                                          workers, lazy):
+    """On GPU workers (NumPy blocks stand in here) the label of placed blocks, or of a per-block
+    step over them (a threshold), runs a few tasks per worker: a local labelling, its summaries,
+    a relabelling that reads one summary per worker; labels and count equal SciPy's."""
+    import chunkernels
+
+    monkeypatch.setattr(_halo, "group_placed", lambda metas: True)
+    x_np = np.random.default_rng(11).random(shape)
+    want, want_n = ndi.label(x_np > 0.6, structure)
+    with processes(workers) as client:
+        x = cluster.distribute(da.from_array(x_np, chunks=chunks))
+        mask = chunkernels.apply(x, "threshold", value=0.6) if lazy else cluster.distribute(
+            x > 0.6)
+        assert _graph.placement(mask, computed=True) is not None
+        labels, n = ndimage.label(mask, structure)
+        graph = graph_on_a_cluster(labels)
+        parts = [k for k in graph if k[0] == f"{labels.name}-part"]
+        relabels = {k: t for k, t in graph.items() if k[0] == f"{labels.name}-relabel"}
+        assert len(parts) == len(relabels) == workers
+        for t in relabels.values():  # its part, and one summary per worker
+            assert sum(d[0] == f"{labels.name}-summaries" for d in t.dependencies) == workers
+        labels, n = client.persist([labels, n])
+        np.testing.assert_array_equal(labels.compute(), want)
+        assert int(n.compute()) == want_n
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_gpu_workers_measure_placed_blocks_in_worker_groups(monkeypatch, workers):
+    """On GPU workers (NumPy blocks stand in here) the measurements over placed blocks run one
+    task per worker and one combine; the results equal SciPy's."""
+    monkeypatch.setattr(_halo, "group_placed", lambda metas: True)
+    rng = np.random.default_rng(12)
+    x_np = rng.random((50, 37))
+    labels_np, n = ndi.label(x_np > 0.55)
+    with processes(workers):
+        x = cluster.distribute(da.from_array(x_np, chunks=(12, 10)))
+        labels = cluster.distribute(da.from_array(labels_np, chunks=(12, 10)))
+        total = ndimage.sum_labels(x, labels, np.arange(1, n + 1))
+        graph = graph_on_a_cluster(total)
+        assert sum(1 for k in graph if "-group" in str(k[0])) == workers
+        np.testing.assert_allclose(total.compute(), ndi.sum_labels(x_np, labels_np,
+                                                                   np.arange(1, n + 1)))
+        table = ndimage.measure(x, labels, properties=("label", "area", "mean", "centroid"),
+                                as_frame=False)
+        got = dict(zip(table, dask.compute(*table.values())))
+        np.testing.assert_array_equal(got["label"], np.arange(1, n + 1))
+        np.testing.assert_array_equal(got["area"], ndi.sum_labels(np.ones_like(x_np), labels_np,
+                                                                  np.arange(1, n + 1)))
+        np.testing.assert_allclose(got["mean"], ndi.mean(x_np, labels_np, np.arange(1, n + 1)))
+        centroids = np.array(ndi.center_of_mass(np.ones_like(x_np), labels_np,
+                                                np.arange(1, n + 1)))
+        for axis in range(2):
+            np.testing.assert_allclose(got[f"centroid-{axis}"], centroids[:, axis])
+
+
 # -- graph shapes chosen where the graph runs ---------------------------------------------------
 
 
