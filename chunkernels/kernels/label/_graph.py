@@ -424,8 +424,20 @@ class _Part:
 
 
 def _label_part(local, *blocks) -> _Part:
-    """Step 1 on one worker's blocks (the ``"worker groups"`` shape)."""
-    return _Part(*local.many(blocks))
+    """Step 1 on one worker's blocks (the ``"worker groups"`` shape). A batch of one block is
+    written out at once (its labels in its parent array, its scan of roots let go): a forest
+    holds two integers a pixel until the relabelling, and a worker's whole share of the array
+    is labelled before any block is relabelled (65536² on one H100 did not fit); batches of
+    several blocks stay forests, each relabelled in one pass."""
+    results, batches = local.many(blocks)
+    kept = []
+    for forest, members in batches:
+        if len(members) == 1:
+            with forest.parent.device:
+                (results[members[0]],) = forest.write_summary()
+        else:
+            kept.append((forest, members))
+    return _Part(results, kept)
 
 
 def _part_summaries(part: _Part):
@@ -455,12 +467,16 @@ def _relabel_part(name, plan, order, g, dtype, part: _Part, *summaries) -> list:
     numbers = order[g]
     out = [None] * len(part.results)
     if isinstance(merged, _DeviceNumbering):
-        for forest, members in part.batches:
+        # batch by batch, each forest let go once relabelled (in place, or into a new array):
+        # a worker's forests and its labels together would not fit (65536² on one H100)
+        batches, part.batches = part.batches, []
+        while batches:
+            forest, members = batches.pop(0)
             with forest.parent.device:
                 relabelled = merged.relabel_batch(forest, [numbers[j] for j in members], dtype)
-                for j, labels in zip(members, relabelled):
-                    out[j] = labels
-        part.batches = []  # their forests are spent (relabelled in place)
+            for j, labels in zip(members, relabelled):
+                out[j] = labels
+            del forest, relabelled
     else:
         part.written()
     return [_relabel(part.results[j], merged, numbers[j], dtype) if out[j] is None else out[j]
