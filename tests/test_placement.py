@@ -198,6 +198,8 @@ def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, s
     import chunkernels
 
     monkeypatch.setattr(_halo, "group_placed", lambda metas: True)
+    if workers == 3:  # groups of at most 3 blocks of labels (int32)
+        monkeypatch.setattr(_halo, "PLACED_GROUP_BYTES", 3 * 4 * int(np.prod(chunks)))
     x_np = np.random.default_rng(11).random(shape)
     want, want_n = ndi.label(x_np > 0.6, structure)
     with processes(workers) as client:
@@ -209,9 +211,11 @@ def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, s
         graph = graph_on_a_cluster(labels)
         parts = [k for k in graph if k[0] == f"{labels.name}-part"]
         relabels = {k: t for k, t in graph.items() if k[0] == f"{labels.name}-relabel"}
-        assert len(parts) == len(relabels) == workers
-        for t in relabels.values():  # its part, and one summary per worker
-            assert sum(d[0] == f"{labels.name}-summaries" for d in t.dependencies) == workers
+        assert len(parts) == len(relabels) >= workers
+        if workers == 3:
+            assert len(parts) >= -(-mask.npartitions // 3)
+        for t in relabels.values():  # its part, and one summary per group
+            assert sum(d[0] == f"{labels.name}-summaries" for d in t.dependencies) == len(parts)
         labels, n = client.persist([labels, n])
         np.testing.assert_array_equal(labels.compute(), want)
         assert int(n.compute()) == want_n

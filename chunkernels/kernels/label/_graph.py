@@ -253,6 +253,8 @@ def plan(x, structure, dtype=None, *, strict=False):
     # on GPU workers whose blocks' places are known now: a few tasks per worker
     groups = (_graph.worker_groups(x) if source.held is None and _halo.group_placed([x._meta])
               else None)
+    if groups is not None:
+        groups = _split_groups(groups, x.chunks, dtype.itemsize)
     on_cluster = ("per block, summaries",) if groups is None else ("worker groups", groups)
     labels = _graph.chosen_array(
         name, local=functools.partial(_tasks, *args, local),
@@ -264,6 +266,24 @@ def plan(x, structure, dtype=None, *, strict=False):
         cluster=functools.partial(_count_tasks, name, x.numblocks, "per block"), chunks=(),
         dtype=np.intp, meta=np.empty((), dtype=np.intp), dependencies=[labels])
     return labels, count
+
+
+def _split_groups(groups, chunks, itemsize) -> list[list[tuple]]:
+    """Each worker's blocks cut into runs of at most :data:`~chunkernels._halo.PLACED_GROUP_BYTES`
+    of labels: a group's labels are stored at once, while its local labels are still held (on
+    one H100, 65536² in one group per worker made dask-cuda spill the input to the host)."""
+    out = []
+    for members in groups:
+        run, size = [], 0
+        for index in members:
+            nbytes = itemsize * int(np.prod([c[i] for c, i in zip(chunks, index)]))
+            if run and size + nbytes > _halo.PLACED_GROUP_BYTES:
+                out.append(run)
+                run, size = [], 0
+            run.append(index)
+            size += nbytes
+        out.append(run)
+    return out
 
 
 def local_shape(xp) -> str:
@@ -289,8 +309,9 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape, groups=None
       (:func:`_merged_here`): only the summaries travel (they grow with the chunks' faces), not
       the chunks' labels nor the merge's numbering (which grows with the lines and the labels);
     * ``"worker groups"``: on GPU workers whose blocks' places are known when the graph is built
-      (``groups``: the block indices of each worker), the same as one group task per worker
-      for each step: it labels the worker's blocks (in batches, :func:`_label_part`), its face
+      (``groups``: the block indices of each worker, in runs of at most
+      :data:`~chunkernels._halo.PLACED_GROUP_BYTES` of labels), one group task per run for each
+      step: it labels the worker's blocks (in batches, :func:`_label_part`), its face
       summaries travel as one host buffer (:func:`_part_summaries`), and it relabels them with
       the merge made on its worker (:func:`_relabel_part`); a task per block picks its labels.
       A worker's tasks are a handful, not three per block, and each relabelling depends on one
