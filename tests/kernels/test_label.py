@@ -908,7 +908,9 @@ def test_check_command_gpu():
 def label_on_gpu_workers(workers, **cluster_kwargs):
     """Chunks persisted on ``workers`` worker processes using CuPy (``cluster.client`` of
     ``cluster_kwargs``), labelled there: SciPy's labels, with the summaries going to the merge
-    and to every worker (not the labels), each worker merging them on its own GPU."""
+    and to every worker (not the labels), each worker merging them on its own GPU; the
+    blocks' places are known (persisted), so each worker labels and relabels its blocks in
+    group tasks, its summaries one message."""
     cp = pytest.importorskip("cupy")
     from distributed import futures_of, wait
 
@@ -925,7 +927,9 @@ def label_on_gpu_workers(workers, **cluster_kwargs):
         assert len(holders) == workers
         labels, number = ndimage.label(dx, S22)
         graph = graph_on_a_cluster(labels)
-        assert any(k[0].endswith("-summary") for k in graph)
+        summaries = [k for k in graph if k[0].endswith("-summaries")]
+        assert len(summaries) == workers  # one run of blocks per worker here
+        assert not any(k[0].endswith("-summary") for k in graph)
         merge = next(k for k in graph if k[0].endswith("-merge"))
         merged = c.get(graph, merge)
         assert isinstance(merged, _device_merge._DeviceNumbering)  # merged on a worker's GPU
