@@ -290,6 +290,13 @@ def blocks_then_combine(label: str, x, others: Sequence, block_task: Callable,
     if groups is not None:
         # GPU workers: one task per worker runs the block task on each of its blocks (what a
         # task costs there is Dask's handling of it, not the launches it queues)
+        if len(groups) == 1:  # one worker: its blocks and the combine in one task
+            blocks = [tasks.block(a, index) for index in groups[0] for a in (x, *others)]
+            where = f"blocks {groups[0][0]} to {groups[0][-1]} (one task)"
+            tasks.add((name, *(0,) * len(chunks)),
+                      _Labelled(_each_block_then, where, block_task), combine_task, block_task,
+                      tuple(map(origin, groups[0])), 1 + len(others), *blocks)
+            return tasks.array(name, chunks, dtype, meta)
         order, parts = [], []
         for g, members in enumerate(groups):
             where = f"blocks {members[0]} to {members[-1]} (one task)"
@@ -331,6 +338,11 @@ def _each_block(block_task, origins, per_block, *blocks) -> list:
     each, one after the other in ``blocks``)."""
     return [block_task(origin, *blocks[b * per_block:(b + 1) * per_block])
             for b, origin in enumerate(origins)]
+
+
+def _each_block_then(combine_task, block_task, origins, per_block, *blocks):
+    """``combine_task`` of :func:`_each_block`: every block of the array on one worker."""
+    return combine_task(_each_block(block_task, origins, per_block, *blocks))
 
 
 def _combine_in_block_order(combine_task, positions, *groups):

@@ -211,7 +211,14 @@ def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, s
         graph = graph_on_a_cluster(labels)
         parts = [k for k in graph if k[0] == f"{labels.name}-part"]
         relabels = {k: t for k, t in graph.items() if k[0] == f"{labels.name}-relabel"}
-        assert len(parts) == len(relabels) >= workers
+        if workers == 1:  # one group: the three steps in one task, a pick per block
+            assert not parts and not relabels
+            picks = {k: t for k, t in graph.items() if k[0] == labels.name}
+            assert len(picks) == mask.npartitions
+            for k, t in picks.items():
+                assert t.dependencies == {(f"{labels.name}-merge",), (mask.name, *k[1:])}
+        else:
+            assert len(parts) == len(relabels) >= workers
         if workers == 3:
             assert len(parts) >= -(-mask.npartitions // 3)
         for t in relabels.values():  # its part, and one summary per group
@@ -234,7 +241,10 @@ def test_gpu_workers_measure_placed_blocks_in_worker_groups(monkeypatch, workers
         labels = cluster.distribute(da.from_array(labels_np, chunks=(12, 10)))
         total = ndimage.sum_labels(x, labels, np.arange(1, n + 1))
         graph = graph_on_a_cluster(total)
-        assert sum(1 for k in graph if "-group" in str(k[0])) == workers
+        # a task per worker, then the combine; one worker: one task
+        assert sum(1 for k in graph if "-group" in str(k[0])) == (0 if workers == 1 else workers)
+        stats = [k for k in graph if str(k[0]).startswith("label_statistics-")]
+        assert len(stats) == (1 if workers == 1 else workers + 1)
         np.testing.assert_allclose(total.compute(), ndi.sum_labels(x_np, labels_np,
                                                                    np.arange(1, n + 1)))
         table = ndimage.measure(x, labels, properties=("label", "area", "mean", "centroid"),

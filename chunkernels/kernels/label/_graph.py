@@ -217,8 +217,9 @@ class _HostNumber:
         return int(self.value)
 
 
-def _pick(labelled, b):
-    """Block ``b``'s labels from the result of :func:`_label_blocks`."""
+def _pick(labelled, b, *dependencies):
+    """Block ``b``'s labels from the result of :func:`_label_blocks` (``dependencies``: see
+    :func:`chunkernels._graph._group_tasks`)."""
     return labelled[0][b]
 
 
@@ -255,7 +256,12 @@ def plan(x, structure, dtype=None, *, strict=False):
               else None)
     if groups is not None:
         groups = _split_groups(groups, x.chunks, dtype.itemsize)
-    on_cluster = ("per block, summaries",) if groups is None else ("worker groups", groups)
+    if groups is None:
+        on_cluster = ("per block, summaries",)
+    elif len(groups) == 1:  # one worker, one group: the three steps in one task there
+        on_cluster = ("one task, placed",)
+    else:
+        on_cluster = ("worker groups", groups)
     labels = _graph.chosen_array(
         name, local=functools.partial(_tasks, *args, local),
         cluster=functools.partial(_tasks, *args, *on_cluster), chunks=x.chunks,
@@ -263,7 +269,7 @@ def plan(x, structure, dtype=None, *, strict=False):
     count_name = f"{name}-count"
     count = _graph.chosen_array(
         count_name, local=functools.partial(_count_tasks, name, x.numblocks, local),
-        cluster=functools.partial(_count_tasks, name, x.numblocks, "per block"), chunks=(),
+        cluster=functools.partial(_count_tasks, name, x.numblocks, on_cluster[0]), chunks=(),
         dtype=np.intp, meta=np.empty((), dtype=np.intp), dependencies=[labels])
     return labels, count
 
@@ -294,7 +300,7 @@ def local_shape(xp) -> str:
 
 
 def _tasks(name, source, numblocks, merge_plan, local, dtype, shape, groups=None) -> dict:
-    """The label's tasks, in one of four shapes:
+    """The label's tasks, in one of five shapes:
 
     * ``"one task"``: steps 1 to 3 in one task (:func:`_label_blocks`), each chunk's task
       picking its labels: CuPy blocks under a local scheduler. Their labelling only queues
@@ -308,6 +314,9 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape, groups=None
       and each block's relabel task merges every summary on its own worker, once per worker
       (:func:`_merged_here`): only the summaries travel (they grow with the chunks' faces), not
       the chunks' labels nor the merge's numbering (which grows with the lines and the labels);
+    * ``"one task, placed"``: the same on a cluster's GPU worker that holds every block, when
+      its labels make one group (below); each chunk's task also takes its block, so that Dask
+      does not queue the picks as root tasks;
     * ``"worker groups"``: on GPU workers whose blocks' places are known when the graph is built
       (``groups``: the block indices of each worker, in runs of at most
       :data:`~chunkernels._halo.PLACED_GROUP_BYTES` of labels), one group task per run for each
@@ -336,11 +345,13 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape, groups=None
             for position, index in enumerate(members):  # the block too: see _graph._group_tasks
                 tasks.add((name, *index), _halo.picked, relabelled, position, source.arg(index))
         return tasks.graph
-    if shape == "one task":
+    if shape in ("one task", "one task, placed"):
         merged = tasks.add(merge_key, _label_blocks, merge_plan, local, dtype,
                            tasks.items(source.arg(index) for index in indices))
         for b, index in enumerate(indices):
-            tasks.add((name, *index), _pick, merged, b)
+            # on a cluster the block too: see chunkernels._graph._group_tasks
+            tasks.add((name, *index), _pick, merged, b,
+                      *([source.arg(index)] if shape == "one task, placed" else []))
         return tasks.graph
     locals_ = [tasks.add((f"{name}-local", *index), local, source.arg(index))
                for index in indices]
@@ -511,7 +522,7 @@ def _count_tasks(name, numblocks, shape) -> dict:
 
     tasks = _graph.Tasks()
     merged = tasks.ref((f"{name}-merge",))
-    if shape == "one task":
+    if shape in ("one task", "one task, placed"):
         picks = tasks.items(tasks.ref((name, *index)) for index in np.ndindex(*numblocks))
         tasks.add((f"{name}-count",), _count_labelled, merged, picks)
     else:
