@@ -897,6 +897,18 @@ def test_torch_cuda_tensors():
 
 
 @pytest.mark.gpu
+def test_the_number_of_labels_pickles_as_an_int():
+    """The count of the one-task shape on its way to another worker: the number itself."""
+    import pickle
+
+    cp = pytest.importorskip("cupy")
+    number = label_graph._HostNumber(cp.asarray(12345, dtype=np.int64))
+    assert int(number) == 12345
+    back = pickle.loads(pickle.dumps(number))
+    assert type(back) is int and back == 12345
+
+
+@pytest.mark.gpu
 def test_check_command_gpu():
     from chunkernels.check import check as run_check
 

@@ -216,6 +216,10 @@ class _HostNumber:
         self.done.synchronize()
         return int(self.value)
 
+    def __reduce__(self):
+        # sent to another worker (a count task moved): the number itself
+        return int, (int(self),)
+
 
 def _pick(labelled, b, *dependencies):
     """Block ``b``'s labels from the result of :func:`_label_blocks` (``dependencies``: see
