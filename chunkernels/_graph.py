@@ -321,16 +321,11 @@ def blocks_then_combine(label: str, x, others: Sequence, block_task: Callable,
 
 def _worker_groups_of(arrays) -> list[list[tuple]] | None:
     """:func:`worker_groups` of the first of ``arrays`` when every one's blocks of each index
-    are (or will be) on the same worker, else None."""
-    groups = worker_groups(arrays[0])
-    if groups is None:
+    are (or will be) on the same worker, else None (one question to the scheduler)."""
+    where = placements(arrays, computed=True)
+    if any(w is None or w != where[0] for w in where):
         return None
-    where = {index: g for g, members in enumerate(groups) for index in members}
-    for a in arrays[1:]:
-        other = worker_groups(a)
-        if other is None or {i: g for g, m in enumerate(other) for i in m} != where:
-            return None
-    return groups
+    return _by_worker(where[0], arrays[0].numblocks)
 
 
 def _each_block(block_task, origins, per_block, *blocks) -> list:
@@ -509,9 +504,24 @@ def placement(a, *, computed: bool = False) -> dict[tuple, str] | None:
     a persisted block held by the same worker is computed there (Dask runs a task where its
     inputs are).
     """
+    return placements([a], computed=computed)[0]
+
+
+def placements(arrays, *, computed: bool = False) -> list[dict[tuple, str] | None]:
+    """:func:`placement` of each of ``arrays``, asking the scheduler once."""
     client = current_client()
     if client is None:
-        return None
+        return [None] * len(arrays)
+    plans = [_block_sources(a, computed) for a in arrays]
+    futures = {f.key: f for plan in plans if plan is not None for f in plan[0].values()}
+    who = client.who_has(list(futures.values())) if futures else {}
+    return [None if plan is None else _placed(*plan, who) for plan in plans]
+
+
+def _block_sources(a, computed):
+    """``({key: future}, {block key: its dependencies' keys})`` for :func:`placements`: the
+    persisted blocks ``a`` is or reads, and which of them each lazy block reads; None where
+    its placement cannot be known."""
     layer = a.dask.layers.get(a.name)
     if layer is None or not layer.is_materialized() or len(layer) != a.npartitions:
         return None
@@ -538,7 +548,10 @@ def placement(a, *, computed: bool = False) -> dict[tuple, str] | None:
                 if not isinstance(held.get(dep), Future):
                     return None
                 futures[dep] = held[dep]
-    who = client.who_has(list(futures.values()))
+    return futures, reads, list(layer)
+
+
+def _placed(futures, reads, keys, who) -> dict[tuple, str] | None:
     at = {}
     for key, future in futures.items():
         holders = who.get(future.key) or ()  # a block moved into place has a key of its own
@@ -546,7 +559,7 @@ def placement(a, *, computed: bool = False) -> dict[tuple, str] | None:
             return None
         at[key] = holders[0]
     out = {}
-    for key in layer:
+    for key in keys:
         workers = {at[d] for d in reads[key]} if key in reads else {at[key]}
         if len(workers) != 1:
             return None
@@ -559,10 +572,12 @@ def worker_groups(a) -> list[list[tuple]] | None:
     (:func:`placement` with ``computed``), each list in block order, the workers in address
     order; None where that is not known."""
     where = placement(a, computed=True)
-    if where is None:
-        return None
+    return None if where is None else _by_worker(where, a.numblocks)
+
+
+def _by_worker(where, numblocks) -> list[list[tuple]]:
     groups: dict[str, list] = {}
-    for index in np.ndindex(*a.numblocks):
+    for index in np.ndindex(*numblocks):
         groups.setdefault(where[index], []).append(index)
     return [groups[w] for w in sorted(groups)]
 
@@ -649,15 +664,9 @@ def overlap(fn: Callable, name: str, x, ops: Sequence, depth: tuple[int, ...],
 
 def _common_placement(inputs) -> dict | None:
     """:func:`placement` of the first input when every input's block of each index lives on
-    the same worker, else None."""
-    where = placement(inputs[0])
-    if where is None:
-        return None
-    for a in inputs[1:]:
-        other = placement(a)
-        if other != where:
-            return None
-    return where
+    the same worker, else None (one question to the scheduler)."""
+    where = placements(inputs)
+    return None if any(w is None or w != where[0] for w in where) else where[0]
 
 
 def _overlap_jobs(fn, name, names, held, chunks, depth, boundary):
