@@ -297,16 +297,15 @@ def blocks_then_combine(label: str, x, others: Sequence, block_task: Callable,
                       _Labelled(_each_block_then, where, block_task), combine_task, block_task,
                       tuple(map(origin, groups[0])), 1 + len(others), *blocks)
             return tasks.array(name, chunks, dtype, meta)
-        order, parts = [], []
+        parts = []
         for g, members in enumerate(groups):
             where = f"blocks {members[0]} to {members[-1]} (one task)"
             parts.append(tasks.add(
                 (f"{name}-group", g), _Labelled(_each_block, where, block_task), block_task,
                 tuple(map(origin, members)), 1 + len(others),
                 *(tasks.block(a, index) for index in members for a in (x, *others))))
-            order.append(members)
         number = {index: b for b, index in enumerate(np.ndindex(*x.numblocks))}
-        positions = tuple(tuple(number[i] for i in members) for members in order)
+        positions = tuple(tuple(number[i] for i in members) for members in groups)
         tasks.add((name, *(0,) * len(chunks)), _combine_in_block_order, combine_task, positions,
                   *parts)
         return tasks.array(name, chunks, dtype, meta)
@@ -725,20 +724,19 @@ def _overlap_local(fn, name, names, held, chunks, depth, boundary, itemsize) -> 
         return tasks.add(key, _Labelled(_halo.run_group, where, fn), fn,
                          tuple(tuple(jobs[k]) for k in members))
 
-    _group_tasks(tasks, name, fn, jobs, _block_bytes(jobs, chunks, itemsize),
-                 limit=_halo.GROUP_BYTES, group=group)
+    _group_tasks(tasks, name, jobs, chunks, itemsize, limit=_halo.GROUP_BYTES, group=group)
     return tasks.graph
 
 
-def _group_tasks(tasks, name, fn, keys, sizes, *, limit, group, pick_inputs=None) -> None:
-    """Group tasks over the output ``keys`` (in order; ``sizes[key]``: the bytes of its output
-    block), each made by ``group(key, where, members)`` for at most ``limit`` bytes of output
-    (``where``: the blocks it computes, for its errors), and per output key a task picking its
-    result; ``pick_inputs(key)``: the references a pick task also takes, as dependencies only
+def _group_tasks(tasks, name, keys, chunks, itemsize, *, limit, group,
+                 pick_inputs=None) -> None:
+    """Group tasks over the output ``keys`` (in order), each made by ``group(key, where,
+    members)`` for at most ``limit`` bytes of output (:func:`byte_runs`; ``where``: the blocks
+    it computes, for its errors), and per output key a task picking its result;
+    ``pick_inputs(key)``: the references a pick task also takes, as dependencies only
     (:func:`_placed_graph`)."""
-    members, size = [], 0
-
-    def close():
+    for members in byte_runs([k[1:] for k in keys], chunks, itemsize, limit):
+        members = [(name, *index) for index in members]
         key = (f"{name}-group", len(tasks.graph))
         where = (f"blocks {members[0][1:]} to {members[-1][1:]} (one task)" if len(members) > 1
                  else tuple(members[0][1:]))
@@ -747,18 +745,22 @@ def _group_tasks(tasks, name, fn, keys, sizes, *, limit, group, pick_inputs=None
             tasks.add(k, _halo.picked, ref, position,
                       *(() if pick_inputs is None else pick_inputs(k)))
 
-    for key in keys:
-        if members and size + sizes[key] > limit:
-            close()
-            members, size = [], 0
-        members.append(key)
-        size += sizes[key]
-    if members:
-        close()
 
-
-def _block_bytes(keys, chunks, itemsize) -> dict:
-    return {key: itemsize * math.prod(c[i] for c, i in zip(chunks, key[1:])) for key in keys}
+def byte_runs(indices, chunks, itemsize: int, limit: int) -> list[list[tuple]]:
+    """The block ``indices`` (in order) of a grid of ``chunks`` cut into runs of at most
+    ``limit`` bytes (``itemsize`` bytes an element; a block larger than that is a run alone):
+    what one group task of a worker computes."""
+    runs, run, size = [], [], 0
+    for index in indices:
+        nbytes = itemsize * math.prod(c[i] for c, i in zip(chunks, index))
+        if run and size + nbytes > limit:
+            runs.append(run)
+            run, size = [], 0
+        run.append(index)
+        size += nbytes
+    if run:
+        runs.append(run)
+    return runs
 
 
 def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
@@ -871,9 +873,8 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
                          *(tasks.ref(r) for r in reads))
 
     itemsize = max(np.dtype(a.dtype).itemsize for a in inputs)
-    sizes = _block_bytes(jobs, chunks, itemsize)
     for members in groups.values():
-        _group_tasks(tasks, name, fn, members, sizes, limit=_halo.PLACED_GROUP_BYTES,
+        _group_tasks(tasks, name, members, chunks, itemsize, limit=_halo.PLACED_GROUP_BYTES,
                      group=group, pick_inputs=lambda k: [tasks.ref(c) for c in jobs[k][1]])
     return tasks.graph
 

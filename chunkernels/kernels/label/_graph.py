@@ -179,17 +179,38 @@ def _label_blocks(plan: _MergePlan, local, dtype, blocks):
     results, batches = local.many(blocks)
     merged = _merge_task(plan, results)
     number = _HostNumber(merged.total) if isinstance(merged, _DeviceNumbering) else merged[1]
-    out = [None] * len(blocks)
-    for forest, members in batches:
-        with forest.parent.device:
-            if isinstance(merged, _DeviceNumbering):
-                for b, labels in zip(members, merged.relabel_batch(forest, members, dtype)):
-                    out[b] = labels
-            else:
-                for b, local_result in zip(members, forest.write_summary()):
-                    results[b] = local_result
-    return [_relabel(r, merged, b, dtype) if out[b] is None else out[b]
-            for b, r in enumerate(results)], merged, number
+    return _relabelled(results, batches, merged, range(len(blocks)), dtype), merged, number
+
+
+def _relabelled(results, batches, merged, numbers, dtype) -> list:
+    """Step 3 on blocks labelled locally (``results`` and ``batches`` as
+    :meth:`_LocalLabels.many` gives them; ``numbers[j]``: block ``j``'s number in the grid):
+    their global labels. A batch gets them in one pass over it when the merge was made on a
+    device, else its local labels are written out and relabelled block by block, as the
+    others are. ``batches`` is emptied as it goes, each forest let go once done: forests and
+    labels together may not fit (a worker's share of 65536² on one H100)."""
+    out = [None] * len(results)
+    while batches:
+        forest, members = batches.pop(0)
+        if isinstance(merged, _DeviceNumbering):
+            with forest.parent.device:
+                relabelled = merged.relabel_batch(forest, [numbers[j] for j in members], dtype)
+            for j, labels in zip(members, relabelled):
+                out[j] = labels
+            del relabelled
+        else:
+            _write_out(forest, members, results)
+        del forest
+    return [_relabel(r, merged, numbers[j], dtype) if out[j] is None else out[j]
+            for j, r in enumerate(results)]
+
+
+def _write_out(forest, members, results) -> None:
+    """The local labels of a batch (written in its forest's parent array) and its summaries,
+    into ``results`` at the batch's ``members``."""
+    with forest.parent.device:
+        for j, result in zip(members, forest.write_summary()):
+            results[j] = result
 
 
 class _HostNumber:
@@ -258,8 +279,9 @@ def plan(x, structure, dtype=None, *, strict=False):
     # on GPU workers whose blocks' places are known now: a few tasks per worker
     groups = (_graph.worker_groups(x) if source.held is None and _halo.group_placed([x._meta])
               else None)
-    if groups is not None:
-        groups = _split_groups(groups, x.chunks, dtype.itemsize)
+    if groups is not None:  # runs of at most PLACED_GROUP_BYTES of labels (see _tasks)
+        groups = [run for members in groups for run in _graph.byte_runs(
+            members, x.chunks, dtype.itemsize, _halo.PLACED_GROUP_BYTES)]
     if groups is None:
         on_cluster = ("per block, summaries",)
     elif len(groups) == 1:  # one worker, one group: the three steps in one task there
@@ -276,24 +298,6 @@ def plan(x, structure, dtype=None, *, strict=False):
         cluster=functools.partial(_count_tasks, name, x.numblocks, on_cluster[0]), chunks=(),
         dtype=np.intp, meta=np.empty((), dtype=np.intp), dependencies=[labels])
     return labels, count
-
-
-def _split_groups(groups, chunks, itemsize) -> list[list[tuple]]:
-    """Each worker's blocks cut into runs of at most :data:`~chunkernels._halo.PLACED_GROUP_BYTES`
-    of labels: a group's labels are stored at once, while its local labels are still held (on
-    one H100, 65536² in one group per worker made dask-cuda spill the input to the host)."""
-    out = []
-    for members in groups:
-        run, size = [], 0
-        for index in members:
-            nbytes = itemsize * int(np.prod([c[i] for c, i in zip(chunks, index)]))
-            if run and size + nbytes > _halo.PLACED_GROUP_BYTES:
-                out.append(run)
-                run, size = [], 0
-            run.append(index)
-            size += nbytes
-        out.append(run)
-    return out
 
 
 def local_shape(xp) -> str:
@@ -323,8 +327,9 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape, groups=None
       does not queue the picks as root tasks;
     * ``"worker groups"``: on GPU workers whose blocks' places are known when the graph is built
       (``groups``: the block indices of each worker, in runs of at most
-      :data:`~chunkernels._halo.PLACED_GROUP_BYTES` of labels), one group task per run for each
-      step: it labels the worker's blocks (in batches, :func:`_label_part`), its face
+      :data:`~chunkernels._halo.PLACED_GROUP_BYTES` of labels: a run's labels are stored at
+      once, while its local labels are still held, and on one H100 65536² in one run per worker
+      made dask-cuda spill the input to the host), one group task per run for each step: it labels the worker's blocks (in batches, :func:`_label_part`), its face
       summaries travel as one host buffer (:func:`_part_summaries`), and it relabels them with
       the merge made on its worker (:func:`_relabel_part`); a task per block picks its labels.
       A worker's tasks are a handful, not three per block, and each relabelling depends on one
@@ -441,9 +446,7 @@ class _Part:
         its parent array, which the batch's global relabelling would have overwritten), so
         that the part no longer holds forests."""
         for forest, members in self.batches:
-            with forest.parent.device:
-                for b, result in zip(members, forest.write_summary()):
-                    self.results[b] = result
+            _write_out(forest, members, self.results)
         self.batches = []
         return self.results
 
@@ -469,8 +472,7 @@ def _label_part(local, *blocks) -> _Part:
     kept = []
     for forest, members in batches:
         if len(members) == 1:
-            with forest.parent.device:
-                (results[members[0]],) = forest.write_summary()
+            _write_out(forest, members, results)
         else:
             kept.append((forest, members))
     return _Part(results, kept)
@@ -497,26 +499,11 @@ def _merged_of_parts(name, plan, order, *summaries):
 
 
 def _relabel_part(name, plan, order, g, dtype, part: _Part, *summaries) -> list:
-    """Step 3 on group ``g``'s blocks, with the merge made on this worker: each block's global
-    labels (a batch's in one pass over the batch when the merge was made on its device)."""
+    """Step 3 on group ``g``'s blocks, with the merge made on this worker (:func:`_relabelled`;
+    the part's forests are spent: relabelled in place)."""
     merged = _merged_here(name, plan, _in_block_order(order, summaries))
-    numbers = order[g]
-    out = [None] * len(part.results)
-    if isinstance(merged, _DeviceNumbering):
-        # batch by batch, each forest let go once relabelled (in place, or into a new array):
-        # a worker's forests and its labels together would not fit (65536² on one H100)
-        batches, part.batches = part.batches, []
-        while batches:
-            forest, members = batches.pop(0)
-            with forest.parent.device:
-                relabelled = merged.relabel_batch(forest, [numbers[j] for j in members], dtype)
-            for j, labels in zip(members, relabelled):
-                out[j] = labels
-            del forest, relabelled
-    else:
-        part.written()
-    return [_relabel(part.results[j], merged, numbers[j], dtype) if out[j] is None else out[j]
-            for j in range(len(out))]
+    batches, part.batches = part.batches, []
+    return _relabelled(part.results, batches, merged, order[g], dtype)
 
 
 def _count_tasks(name, numblocks, shape) -> dict:
