@@ -28,7 +28,15 @@ from chunkernels._errors import (
     UnsupportedBlockError,
 )
 from chunkernels._pipeline import Pipeline, pipeline
-from chunkernels._registry import KernelSpec, describe, get, register, registered, unregister
+from chunkernels._registry import (
+    KernelSpec,
+    always,
+    describe,
+    get,
+    register,
+    registered,
+    unregister,
+)
 from chunkernels import cluster  # noqa: E402 - imports nothing heavy until client() is called
 from chunkernels import _registry, kernels  # the built-ins' package; it imports no kernel yet
 
@@ -55,6 +63,7 @@ __all__ = [
     "UnknownChunkSizesError",
     "UnknownKernelError",
     "UnsupportedBlockError",
+    "always",
     "apply",
     "blockwise",
     "describe",

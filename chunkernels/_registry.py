@@ -48,6 +48,35 @@ def _numpy_result_type(x_dtype: np.dtype, *operand_dtypes: np.dtype, **params: A
     return np.result_type(x_dtype, *operand_dtypes)
 
 
+class always:
+    """``result_dtype`` of a kernel whose result has one dtype whatever its inputs:
+    ``KernelSpec(result_dtype=always(np.bool_))``.
+
+    A spec travels inside every task of its graph; a module-level class pickles by reference,
+    where a lambda would be pickled by value, task by task (cloudpickle scans every loaded
+    module for each: milliseconds per task)."""
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype):
+        self.dtype = np.dtype(dtype)
+
+    def __call__(self, *dtypes: np.dtype, **params: Any) -> np.dtype:
+        return self.dtype
+
+    def __reduce__(self):
+        return always, (self.dtype,)
+
+    def __eq__(self, other):
+        return isinstance(other, always) and other.dtype == self.dtype
+
+    def __hash__(self):
+        return hash(self.dtype)
+
+    def __repr__(self):
+        return f"always({self.dtype.name})"
+
+
 def _keyword_parameters(fn: Callable, skip: int) -> tuple[tuple[str, ...], frozenset] | None:
     """``(names, required names)`` of the parameters ``fn`` takes by keyword after its first
     ``skip`` positional ones; ``None`` where it takes any (``**params``) or has no signature."""

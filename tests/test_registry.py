@@ -104,6 +104,27 @@ def test_get_returns_the_builtin_spec():
     assert spec.gpu is not None
 
 
+@pytest.mark.parametrize("name", chunkernels.registered())
+def test_every_builtin_spec_pickles_by_reference(name):
+    """A spec travels inside every task of its graph: the standard pickle must take it (no
+    lambda nor closure, which cloudpickle would pickle by value, task by task)."""
+    import pickle
+
+    spec = chunkernels.get(name)
+    again = pickle.loads(pickle.dumps(spec))
+    assert again == spec  # the same functions, found by their names
+
+
+def test_always_is_a_constant_result_dtype_that_pickles():
+    import pickle
+
+    f = chunkernels.always(np.bool_)
+    assert f(np.dtype(np.float64), np.dtype(np.int8), mode="x") == np.dtype(np.bool_)
+    assert pickle.loads(pickle.dumps(f)) == f
+    assert repr(f) == "always(bool)"
+    assert f != chunkernels.always(np.float64)
+
+
 def test_describe_shows_every_fact():
     text = chunkernels.describe("broadcast_add")
     rows = dict(line.split(None, 1) if not line.startswith("cpu reference") else

@@ -32,7 +32,7 @@ from typing import NamedTuple
 import numpy as np
 
 from chunkernels import cuda, layout
-from chunkernels._registry import KernelSpec
+from chunkernels._registry import KernelSpec, always
 
 #: Names of the values of a pass result, in order. ``na``/``nb`` count the values in the
 #: ``max_in``/``min_in`` ranges, ``amax``/``bmin`` are the largest/smallest of them;
@@ -553,7 +553,7 @@ SPEC = KernelSpec(
         "ksc_select",
     ),
     dtypes=GPU_DTYPES,
-    result_dtype=lambda *dtypes, **params: np.dtype(np.float64),
+    result_dtype=always(np.float64),
     validate=validate,
     partial=partial,
     finalize=finalize,

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from chunkernels import cuda, layout
-from chunkernels._registry import KernelSpec
+from chunkernels._registry import KernelSpec, always
 from chunkernels._shared.cases import random_array
 
 #: Columns of a statistics row: sum (a-b)^2, sum a^2, sum a, min a, max a, element count.
@@ -144,7 +144,7 @@ SPEC = KernelSpec(
     dtypes=GPU_DTYPES,
     operands=("image1",),
     alignment="same",
-    result_dtype=lambda *dtypes, **params: np.dtype(np.float64),
+    result_dtype=always(np.float64),
     supports=supports,
     validate=validate_pair,
     partial=partial,

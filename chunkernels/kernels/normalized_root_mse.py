@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from chunkernels._registry import KernelSpec
+from chunkernels._registry import KernelSpec, always
 from chunkernels.kernels import mean_squared_error
 
 NORMALIZATIONS = ("euclidean", "min-max", "mean")
@@ -74,7 +74,7 @@ SPEC = KernelSpec(
     dtypes=mean_squared_error.GPU_DTYPES,
     operands=("image_test",),
     alignment="same",
-    result_dtype=lambda *dtypes, **params: np.dtype(np.float64),
+    result_dtype=always(np.float64),
     supports=mean_squared_error.supports,
     validate=validate,
     partial=mean_squared_error.partial,

@@ -16,7 +16,7 @@ import numbers
 import numpy as np
 
 from chunkernels import cuda, layout
-from chunkernels._registry import KernelSpec
+from chunkernels._registry import KernelSpec, always
 
 GPU_DTYPES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
               "float16", "float32", "float64")
@@ -118,7 +118,7 @@ SPEC = KernelSpec(
     gpu=dispatch,
     kind="elementwise",
     dtypes=GPU_DTYPES,
-    result_dtype=lambda x_dtype, **params: np.dtype(np.bool_),
+    result_dtype=always(np.bool_),
     validate=validate,
     cases=_cases,
 )
