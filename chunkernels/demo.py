@@ -235,13 +235,13 @@ def _pipeline(args, client) -> int:
     out.mkdir(parents=True, exist_ok=True)
     synthetic = args.image is None
     steps = _Progress("demo", total=len(PIPELINE) + 1 + int(gpu))
+    size = args.size or DEFAULT_SIZE
+    chunk = args.chunks or (_default_chunk((size, size)) if synthetic else None)
     try:
         if gpu:
             with steps(WARM_UP):
-                warm_up(client)
+                warm_up(client, chunk=chunk)
         if synthetic:
-            size = args.size or DEFAULT_SIZE
-            chunk = args.chunks or _default_chunk((size, size))
             with steps("synthetic sky"):
                 image, truth = synthetic_sky(size, chunks=chunk, seed=args.seed, gpu=gpu)
                 image = _place(image, client)
@@ -282,25 +282,37 @@ def _pipeline(args, client) -> int:
 
 #: The step that readies the GPU kernels before the pipeline runs (:func:`warm_up`).
 WARM_UP = "kernels ready (compiled or cached)"
-#: The side of the sky :func:`warm_up` runs the pipeline on.
+#: The side of the sky :func:`warm_up` runs the pipeline on when the run's chunks are not known.
 WARM_UP_SIZE = 256
+#: The largest chunk side :func:`warm_up` copies from the run (larger chunks: blocks this wide).
+WARM_UP_CHUNK_MAX = 4096
 
 
-def warm_up(client) -> None:
+def warm_up(client, chunk=None) -> None:
     """Ready every kernel the pipeline runs on GPUs, on every worker at once, before any timed
     step: the pipeline runs on a small synthetic sky spread over the workers (``client``; None:
     this process's GPU under Dask's threads), so each worker compiles what the real run will
     launch (NVRTC, or CuPy's kernel cache on disk once any process of the machine has compiled
     it), for the same dtypes and the same graph shapes. A fresh install's first run then spends
     its compile time here, in parallel over the workers, and the pipeline's own steps compile
-    nothing."""
+    nothing.
+
+    ``chunk``, the side of the run's chunks, makes the warm-up's blocks that size (up to
+    :data:`WARM_UP_CHUNK_MAX`): kernels specialised on what a block holds (the index types of
+    its size, the label lookup its number of sources calls for) are then the run's. Without
+    it, the sky is :data:`WARM_UP_SIZE` pixels wide."""
     from chunkernels.cluster import worker_count
     from chunkernels.sources import synthetic_sky
 
     workers = 1 if client is None else max(1, worker_count(client))
     side = math.isqrt(workers - 1) + 1  # blocks per axis: at least one block per worker,
     blocks = max(2, side)  # and at least 2x2, so that the label merges across chunk faces
-    image, _ = synthetic_sky(WARM_UP_SIZE, chunks=-(-WARM_UP_SIZE // blocks), seed=0, gpu=True)
+    if chunk is None:
+        size, chunk = WARM_UP_SIZE, -(-WARM_UP_SIZE // blocks)
+    else:
+        chunk = max(1, min(int(chunk), WARM_UP_CHUNK_MAX))
+        size = blocks * chunk
+    image, _ = synthetic_sky(size, chunks=chunk, seed=0, gpu=True)
     _find(_place(image, client), client, lambda name: contextlib.nullcontext())
 
 

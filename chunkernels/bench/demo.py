@@ -32,6 +32,7 @@ them).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -47,7 +48,7 @@ from chunkernels.bench import (
     clusters,
     sweep,
 )
-from chunkernels.demo import WARM_UP_SIZE, warm_up
+from chunkernels.demo import PIPELINE, WARM_UP_CHUNK_MAX, warm_up
 
 NEEDS_GPU = False
 CLUSTER = True
@@ -63,7 +64,7 @@ MATCH = 1.0
 #: photutils and sep run on images of at most this many pixels (the 8192² sky takes them 20 and
 #: 4 s on a 2-core CPU; a 32768² one, for the multi-GPU target, would take minutes).
 PEERS_MAX_PIXELS = 8192 * 8192
-STEPS = ("κσ clipping", "threshold + label", "measure")
+STEPS = PIPELINE
 
 
 def run(args) -> dict:
@@ -83,7 +84,7 @@ def run(args) -> dict:
                 ready = None
                 if kind == "gpu":  # the demo readies its kernels first (cluster start)
                     start = time.perf_counter()
-                    warm_up(client)
+                    warm_up(client, chunk=max(chunk))
                     ready = time.perf_counter() - start
                 found = _pipeline(image, client)  # the first run, checked
                 _check(found, reference, where)
@@ -139,32 +140,22 @@ def _sky(shape, chunk, gpu, client):
 
 
 def _pipeline(image, client) -> dict:
-    """The demo's four steps on a persisted image, each timed until its result is back:
+    """The demo's steps (:func:`chunkernels.demo`'s own pipeline, its full catalogue measured)
+    on a persisted image, each timed until its result is back:
     ``{"background", "level", "count", "table", "times"}``."""
-    import dask
-    from distributed import wait
-
-    from chunkernels.ndimage import label, measure
-    from chunkernels.sources import kappa_sigma_clip, threshold
+    from chunkernels.demo import _find
 
     times = {}
-    start = time.perf_counter()
-    background = kappa_sigma_clip(image, KAPPA)
-    level = float(background.median) + NSIGMA * background.std
-    times[STEPS[0]] = time.perf_counter() - start
 
-    start = time.perf_counter()
-    labels, count = client.persist(label(threshold(image, np.float64(level))))
-    wait([labels, count])
-    count = int(_host(count.compute()))
-    times[STEPS[1]] = time.perf_counter() - start
+    @contextlib.contextmanager
+    def timed(name):
+        start = time.perf_counter()
+        yield
+        times[name] = time.perf_counter() - start
 
-    start = time.perf_counter()
-    table = measure(image, labels, properties=("label", "sum", "center_of_mass"), as_frame=False)
-    table = dict(zip(table, map(_host, dask.compute(*table.values()))))
-    times[STEPS[2]] = time.perf_counter() - start
-    return {"background": background, "level": level, "count": count, "table": table,
-            "times": times}
+    found = _find(image, client, timed)
+    return {"background": found.background, "level": found.level, "count": found.count,
+            "table": found.table, "times": times}
 
 
 def _reference(data) -> dict:
@@ -291,12 +282,14 @@ def _markdown(r) -> str:
              f"The demo's pipeline on its {r['shape'][0]}x{r['shape'][1]} float32 synthetic sky "
              f"(seed {r['seed']}) in {r['chunk'][0]}x{r['chunk'][1]} chunks, persisted on the "
              f"workers: κ-σ clipping (κ = {r['kappa']:g}), threshold at median + "
-             f"{r['nsigma']:g} σ, label, measure (flux and centre of mass); {r['sources']} "
+             f"{r['nsigma']:g} σ, label, measure (the demo's catalogue: area, flux, mean, min, "
+             f"max, centroid, centre of mass, bounding box); {r['sources']} "
              f"sources, background median {r['background']['median']:.6g}, σ "
              f"{r['background']['std']:.6g}. Every result equals the CPU reference before it "
              f"is timed; medians of {r['repeat']} runs, wall clock, each step until its result "
              f"is back. Kernels ready: on GPUs, the demo's warm-up when its cluster starts (the "
-             f"pipeline on a {WARM_UP_SIZE}² sky over every worker: kernels compiled, or loaded "
+             f"pipeline on a sky of 2x2 or more blocks of the run's chunk shape, at most "
+             f"{WARM_UP_CHUNK_MAX}² each, over every worker: kernels compiled, or loaded "
              f"from CuPy's kernel cache once any process has compiled them; the first cluster of "
              f"a run with an empty cache is a fresh install's). First run: the steps the first "
              f"time on that cluster, after it. photutils and sep run once on the host copy of the "

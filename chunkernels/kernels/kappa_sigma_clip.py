@@ -350,15 +350,23 @@ def select(row, ranks=None):
     middle ones of its count). NumPy rows here; CuPy rows take the ``ksc_select`` kernel."""
     if cuda.is_cupy_array(row):
         return _select_gpu(row, ranks)
-    hist = row[HEAD:]
-    row[SEL:SEL + 6] = (-1, 0, 0, -1, 0, 0)
+    select_bins(row[:HEAD], row[HEAD:], ranks)
+    return row
+
+
+def select_bins(head, hist, ranks=None):
+    """:func:`select` for a NumPy head row and its histogram held apart (what a cluster's
+    workers send): fills the ``sel*`` fields of ``head`` in place and returns it."""
+    head[SEL:SEL + 6] = (-1, 0, 0, -1, 0, 0)
+    if hist.size == 0:
+        return head
     cum = np.cumsum(hist)
-    for j, rank in enumerate(_ranks(ranks, row[COUNT])):
-        if rank is None or hist.size == 0 or rank >= cum[-1]:
+    for j, rank in enumerate(_ranks(ranks, head[COUNT])):
+        if rank is None or rank >= cum[-1]:
             continue
         b = int(np.searchsorted(cum, rank, side="right"))
-        row[SEL + 3 * j:SEL + 3 * j + 3] = (b, cum[b] - hist[b], hist[b])
-    return row
+        head[SEL + 3 * j:SEL + 3 * j + 3] = (b, cum[b] - hist[b], hist[b])
+    return head
 
 
 def finalize(stats, dtypes, *, window=None, bins=None, max_in=None, min_in=None, center=0.0,

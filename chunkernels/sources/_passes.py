@@ -214,6 +214,7 @@ class DevicePasses:
         for d in devices:
             with cp.cuda.Device(d):
                 self.rows[d] = (cp.empty(ksc.HEAD + self.nbins, dtype=np.float64), ksc.Scratch(cp))
+        self._pinned = {}  # a pinned host row per device, made on the first pass that reads rows
 
     def first_value(self) -> float:
         return float(self.blocks[0][(0,) * self.blocks[0].ndim]) if self.blocks else 0.0
@@ -251,13 +252,24 @@ class DevicePasses:
         return p, length
 
     def _host_rows(self, length):
+        """The devices' rows copied into pinned host buffers (one copy each, no staging): the
+        head rows stacked and the histograms added up, new NumPy arrays."""
         cp = cuda.cupy()
-        rows = []
+        copies = []
         for d, (row, _) in self.rows.items():
             with cp.cuda.Device(d):
-                rows.append(row[:length].get())
-        rows = np.stack(rows)
-        return rows[:, :ksc.HEAD], rows[:, ksc.HEAD:].sum(axis=0)
+                host = self._pinned.get(d)
+                if host is None:
+                    import cupyx  # with CuPy, as this class is
+
+                    host = self._pinned[d] = cupyx.empty_pinned(row.size, np.float64)
+                row[:length].get(out=host[:length], blocking=True)
+                copies.append(host[:length])
+        heads = np.stack([c[:ksc.HEAD] for c in copies])
+        histogram = copies[0][ksc.HEAD:].copy()
+        for c in copies[1:]:
+            histogram += c[ksc.HEAD:]
+        return heads, histogram
 
 
 class HostPasses:
@@ -294,9 +306,14 @@ class HostPasses:
 
 def finish(heads, histogram, params):
     """A pass's result from its rows left uncombined: the head rows (counts and sums added in
-    their order, as a graph's combining task adds its blocks' rows) and the summed histogram."""
-    row = np.concatenate([ksc.combine(heads), histogram])
-    return ksc.finalize(row[None], (), **params)
+    their order, as a graph's combining task adds its blocks' rows) and the summed histogram
+    (what :func:`kappa_sigma_clip.finalize <chunkernels.kernels.kappa_sigma_clip.finalize>`
+    gives for the rows joined, without joining them: this runs once per pass on the client)."""
+    head = ksc.combine(heads)
+    if params.get("max_in") is None and params.get("min_in") is None:
+        return ksc.select_bins(head, histogram, params.get("ranks"))
+    head[ksc.SEL:ksc.SEL + 6] = (-1, 0, 0, -1, 0, 0)
+    return head
 
 
 class GraphPasses:
