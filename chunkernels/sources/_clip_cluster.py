@@ -1,5 +1,5 @@
 """κ-σ clipping of a Dask array persisted on a distributed cluster: the workers pass over their own
-blocks, and one round trip per pass carries only the small rows.
+blocks, and one round trip per round of the loop carries only the small rows.
 
 A Dask graph per pass (:class:`~chunkernels.sources._passes.GraphPasses`) costs a trip through the
 scheduler and the graph machinery for each of the loop's passes (21 of them for the demo's sky:
@@ -7,8 +7,9 @@ seconds on a ``LocalCUDACluster``). Here every worker that holds blocks of the a
 :class:`ClipService` actor, and
 
 * where one worker holds every block, it runs the whole loop on them in one call;
-* otherwise the client drives the loop (:func:`~chunkernels.sources._passes.clip_steps`) and, for
-  each pass, calls every worker's actor at once, directly (the client's connection to the worker,
+* otherwise the client drives the loop (:func:`~chunkernels.sources._passes.clip_steps`, fused:
+  a round's last median pass goes out in one batch with the next round's passes) and, for each
+  pass or batch, calls every worker's actor at once, directly (the client's connection to the worker,
   no scheduler hop). Each actor runs the pass on its blocks (one launch per CuPy block into its
   device's row, or the NumPy partials) and returns its head rows and its histogram cut to the
   non-empty bins; the client adds them up and selects the median's bins, as the graph's
@@ -42,6 +43,7 @@ from chunkernels.sources._passes import (
     clip_steps,
     clip_with_passes,
     finish,
+    split,
 )
 
 
@@ -79,6 +81,11 @@ class ClipService:
         passes = self.calls[call]
         heads, histogram = await _run(passes, passes.host_rows, **params)
         return (heads, *_trim(histogram))
+
+    async def run_many(self, call, batch):
+        """A batch of passes of call ``call``, one after the other: a list of what
+        :meth:`run` returns."""
+        return [await self.run(call, params) for params in batch]
 
     async def close(self, call):
         """Forget call ``call`` (and the blocks it read)."""
@@ -202,13 +209,22 @@ async def _clip_async(client, holders, services, first_key, order, dtype, kappa,
         # graph adds them; CuPy workers send one row per device, taken in worker order
         if not all(per_block for _, _, per_block in opened):
             order = None
-        steps = clip_steps(dtype, kappa, max_iters, nbins, first)
+        # a round trip per pass: the loop batches a round's passes into one (fuse)
+        steps = clip_steps(dtype, kappa, max_iters, nbins, first, fuse=True)
         params = next(steps)
         while True:
-            replies = await asyncio.gather(*(
-                _execute(client, a, services[a], "run", call, params) for a in addresses))
+            if isinstance(params, list):
+                replies = await asyncio.gather(*(
+                    _execute(client, a, services[a], "run_many", call, params)
+                    for a in addresses))
+                result = [_combine([r[i] for r in replies], order, dtype, p)
+                          for i, p in enumerate(params)]
+            else:
+                replies = await asyncio.gather(*(
+                    _execute(client, a, services[a], "run", call, params) for a in addresses))
+                result = _combine(replies, order, dtype, params)
             try:
-                params = steps.send(_combine(replies, order, dtype, params))
+                params = steps.send(result)
             except StopIteration as stop:
                 return stop.value
     finally:
@@ -221,7 +237,7 @@ def _combine(replies, order, dtype, params):
     heads = np.concatenate([heads for heads, _, _ in replies])
     if order is not None:
         heads = heads[order]
-    p = ksc.resolve(dtype, **ksc.validate(0, **params))
+    p = ksc.resolve(dtype, **ksc.validate(0, **split(params)[0]))
     histogram = np.zeros(0 if p["extremes"] else ksc.bin_count(p["bins"]))
     for _, offset, part in replies:
         histogram[offset:offset + part.size] += part

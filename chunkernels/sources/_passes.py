@@ -12,6 +12,7 @@ whatever runs the passes drives it: :class:`DevicePasses` (CuPy blocks in this p
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -78,24 +79,38 @@ def clip_with_passes(run, dtype, kappa, max_iters, first=None) -> ClipResult:
     """The lesson's loop with each round's statistics from passes of the kappa_sigma_clip kernel.
 
     ``run(**params)`` performs one pass over all the data and returns its result (a NumPy
-    vector of ``ksc.HEAD`` values); ``first`` is the first value of the data (default:
-    ``run.first_value()``), the shift of the first round's sums.
+    vector of ``ksc.HEAD`` values), ``run.many(passes)`` a batch of them (see :func:`drive`);
+    ``run.fuse`` says whether the loop batches passes (:func:`clip_steps`); ``first`` is the
+    first value of the data (default: ``run.first_value()``), the shift of the first round's
+    sums.
     """
     first = run.first_value() if first is None else first
-    return drive(clip_steps(dtype, kappa, max_iters, run.nbins, first), run)
+    return drive(clip_steps(dtype, kappa, max_iters, run.nbins, first, run.fuse), run)
 
 
 def drive(steps, run):
-    """Run the passes a :func:`clip_steps` generator asks for; its result."""
+    """Run the passes a :func:`clip_steps` generator asks for; its result. A pass is a dict of
+    parameters, run by ``run(**params)``; a batch a list of them, run by ``run.many(batch)``,
+    whose results come back as a list: ``(head, histogram)`` for a pass that asks for its
+    ``histogram``, the head row otherwise."""
     try:
         params = next(steps)
         while True:
-            params = steps.send(run(**params))
+            result = run.many(params) if isinstance(params, list) else run(**params)
+            params = steps.send(result)
     except StopIteration as stop:
         return stop.value
 
 
-def clip_steps(dtype, kappa, max_iters, nbins, first):
+def split(params):
+    """``(the kernel's parameters, whether the pass returns its histogram)``."""
+    if "histogram" not in params:
+        return params, False
+    params = dict(params)
+    return params, bool(params.pop("histogram"))
+
+
+def clip_steps(dtype, kappa, max_iters, nbins, first, fuse=False):
     """The lesson's loop as a generator of passes: it yields the parameters of each pass and is
     sent the pass's result back; it returns the :class:`ClipResult`.
 
@@ -105,32 +120,52 @@ def clip_steps(dtype, kappa, max_iters, nbins, first):
     round is passed again with its sums scaled by a power of two (kept for the later rounds),
     which makes them exact multiples of the unscaled ones: the statistics are those of the
     definition (:func:`chunkernels.sources.clip_reference`), finite wherever the values are.
+
+    With ``fuse``, a round's last median pass goes out with the next round's passes in one batch
+    (a list of parameters, sent back a list of results; see :func:`_next_round`): where each
+    pass costs a round trip (a cluster, a graph per pass) a round then costs one trip instead of
+    two. The kept values, counts and medians are the same; the float64 sums of those rounds are
+    added in another order, so their std may differ in the last bits from the unfused loop's.
+    Every runner of NumPy blocks fuses, so they all give the same bits.
     """
     dtype = ksc.check_dtype(dtype)
     window = ksc.all_keys(dtype)
     lower, upper = -math.inf, math.inf
     center, scale = float(first), 1.0
     size_before, iterations, before = None, 0, None
+    known = None  # this round's statistics, from the previous round's batch
     while True:
-        first_pass = {"window": window, "bins": ksc.fit_bins(*window, nbins), "center": center}
-        head = yield {**first_pass, "scale": scale}
-        count = int(head[ksc.COUNT])
-        nans = int(head[ksc.NANS]) if size_before is None else 0
+        if known is None:
+            first_pass = {"window": window, "bins": ksc.fit_bins(*window, nbins),
+                          "center": center}
+            head = yield {**first_pass, "scale": scale}
+            count = int(head[ksc.COUNT])
+            nans = int(head[ksc.NANS]) if size_before is None else 0
+            bins, ranks = first_pass["bins"], None
+        else:
+            count, nans, head, bins, ranks, mean, std = known
         size = count + nans
         if size_before == size:
             median, std, mean = before
             return ClipResult(median, std, size, iterations, lower, upper, mean, True)
+        ahead = None
         if nans or count == 0:
             median, std, mean = median_type(dtype).type(np.nan), math.nan, math.nan
         else:
-            mean, std, finite = _moments(head, count, center, scale)
-            if not finite:
-                rescaled = yield from _rescale_steps(window, center)
-                if rescaled is not None:  # else: infinite values, a NaN std as np.std gives
-                    scale = rescaled
-                    head = yield {**first_pass, "scale": scale}
-                    mean, std, _ = _moments(head, count, center, scale)
-            median = yield from _median_steps(head, window, count, dtype, nbins)
+            if known is None:
+                mean, std, finite = _moments(head, count, center, scale)
+                if not finite:
+                    rescaled = yield from _rescale_steps(window, center)
+                    if rescaled is not None:  # else: infinite values, a NaN std as np.std gives
+                        scale = rescaled
+                        head = yield {**first_pass, "scale": scale}
+                        mean, std, _ = _moments(head, count, center, scale)
+            last = max_iters is not None and iterations == max_iters
+            plan = None
+            if fuse and not last and scale == 1.0 and math.isfinite(std):
+                plan = functools.partial(_next_round, window, std, kappa, dtype, nbins)
+            median, ahead = yield from _median_steps(head, bins, ranks, window, count, dtype,
+                                                     nbins, plan)
         if max_iters is not None and iterations == max_iters:
             return ClipResult(median, std, size, iterations, lower, upper, mean, False)
         iterations += 1
@@ -141,6 +176,80 @@ def clip_steps(dtype, kappa, max_iters, nbins, first):
         if math.isfinite(median):
             center = float(median)
         size_before, before = size, (median, std, mean)
+        known = None if ahead is None else _round_from(ahead, window, dtype)
+
+
+def _next_round(window, std, kappa, dtype, nbins, bounds):
+    """The next round's passes, to go out with this round's last median pass, whose median lies
+    in ``bounds`` (its smallest and largest possible value); None where they cannot be planned.
+
+    The next window, this one cut to ``median ± kappa * std``, lies between an inner window (its
+    smallest possible) and two edge zones of keys that it may or may not keep. The passes: the
+    moments and histogram of the inner window (shifted by the lowest possible median), and a
+    histogram of single keys over each zone, whose values are known from their keys (at most ``nbins`` keys each).
+    :func:`_round_from` turns their results into the round's statistics once the median is
+    known. Zones wider than the histogram (far from any usual data) are not planned.
+    """
+    lo_key, hi_key = window
+    low, high = (float(v) for v in bounds)
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return None
+    edges = [ksc.window_keys(*window_of(v, std, kappa), dtype) for v in (low, high)]
+    if any(a > b for a, b in edges):
+        return None
+    (first_lo, first_hi), (last_lo, last_hi) = edges
+    inner = (max(lo_key, last_lo), min(hi_key, first_hi))
+    zones = ((max(lo_key, first_lo), inner[0] - 1), (inner[1] + 1, min(hi_key, last_hi)))
+    if inner[0] > inner[1] or any(b - a + 1 > nbins for a, b in zones):
+        return None
+    passes = [{"window": inner, "bins": ksc.fit_bins(*inner, nbins), "center": low,
+               "scale": 1.0, "histogram": True}]
+    for a, b in zones:
+        if a <= b:
+            passes.append({"window": (a, b), "bins": (a, b, 0), "moments": False,
+                           "ranks": (0, 0), "histogram": True})
+    return passes, inner, zones, low
+
+
+def _round_from(ahead, window, dtype):
+    """The round's ``(count, nans, head, bins, ranks, mean, std)`` from the passes
+    :func:`_next_round` planned (``ahead``: the plan and their results) now that its window is
+    known; None where its median's ranks fall outside the inner window or its sums overflow
+    (the round then takes a pass of its own)."""
+    (passes, inner, zones, center), results = ahead
+    head, histogram = results[0]
+    if not (zones[0][0] <= window[0] <= inner[0] and inner[1] <= window[1] <= zones[1][1]):
+        return None  # not what the plan allowed for: no shortcut
+    count, total, squares = (float(head[f]) for f in (ksc.COUNT, ksc.SUM, ksc.SUMSQ))
+    below = 0
+    kept = iter(results[1:])
+    for (a, b), keep in zip(zones, ((window[0], zones[0][1]), (zones[1][0], window[1]))):
+        if a > b:
+            continue
+        counts = next(kept)[1]
+        part = counts[keep[0] - a:keep[1] - a + 1]
+        at = np.flatnonzero(part)
+        if at.size:
+            n = part[at]
+            d = ksc.values(np.asarray(keep[0] + at, dtype=np.uint64), dtype).astype(np.float64)
+            d -= center
+            total += float(np.dot(n, d))
+            squares += float(np.dot(n, d * d))
+            count += float(n.sum())
+            if a < inner[0]:
+                below = int(n.sum())
+    count = int(count)
+    inside = int(head[ksc.COUNT])
+    ranks = ((count - 1) // 2 - below, count // 2 - below)
+    if count == 0 or ranks[0] < 0 or ranks[1] >= inside:
+        return None
+    row = np.zeros(ksc.HEAD)
+    row[ksc.COUNT], row[ksc.SUM], row[ksc.SUMSQ] = count, total, squares
+    mean, std, finite = _moments(row, count, center, 1.0)
+    if not finite:
+        return None
+    head = ksc.select_bins(head.copy(), histogram, ranks)
+    return count, 0, head, passes[0]["bins"], ranks, mean, std
 
 
 def _moments(head, count, center, scale):
@@ -163,27 +272,52 @@ def _rescale_steps(window, center):
     return math.ldexp(1.0, -max(math.frexp(v)[1] for v in (largest, smallest, center)))
 
 
-def _median_steps(head, window, count, dtype, nbins):
-    """The exact median of the ``count`` values in ``window``, from the first pass's ``head``
-    (its histogram covered the whole window) and refinement passes (a generator, as
-    :func:`clip_steps`)."""
-    ranks = ((count - 1) // 2, count // 2)
-    lo, hi, shift = ksc.fit_bins(*window, nbins)
+def _median_steps(head, bins, ranks, window, count, dtype, nbins, plan=None):
+    """The exact median of the ``count`` values in ``window``, from a pass's ``head`` (its
+    histogram ``bins`` covered the values, its ``sel`` fields hold ``ranks``, by default the
+    middle ones of ``count``) and refinement passes (a generator, as :func:`clip_steps`).
+
+    ``plan(bounds)`` gives passes to go out with the last of them (:func:`_next_round`). Returns
+    ``(median, ahead)``: ``ahead`` is that plan and its passes' results (None without)."""
+    ranks = ((count - 1) // 2, count // 2) if ranks is None else ranks
+    lo, hi, shift = bins
     while True:
         (b1, before1), (b2, _) = ((int(head[ksc.SEL + 3 * j]), int(head[ksc.SEL + 3 * j + 1]))
                                   for j in (0, 1))
         if shift == 0:  # single-key bins: the keys themselves
             middle = ksc.values([lo + b1, lo + b2], dtype)
-            break
+            return _middle(middle, count), None
         if b1 != b2:  # the lower middle value ends bin b1, the upper one starts bin b2
-            extremes = yield {"window": window, "max_in": _bin_keys(lo, hi, shift, b1),
-                              "min_in": _bin_keys(lo, hi, shift, b2), "moments": False}
+            low, high = _bin_keys(lo, hi, shift, b1), _bin_keys(lo, hi, shift, b2)
+            last = {"window": window, "max_in": low, "min_in": high, "moments": False}
+            extremes, ahead = yield from _last_pass(last, (low[0], high[1]), dtype, plan)
             middle = np.array([extremes[ksc.AMAX], extremes[ksc.BMIN]]).astype(dtype)
-            break
+            return _middle(middle, count), ahead
         ranks = (ranks[0] - before1, ranks[1] - before1)
-        lo, hi, shift = ksc.fit_bins(*_bin_keys(lo, hi, shift, b1), nbins)
-        head = yield {"window": window, "bins": (lo, hi, shift), "ranks": ranks, "moments": False}
-    # np.median's value: the mean of the middle one or two, in the data's float type
+        keys = _bin_keys(lo, hi, shift, b1)
+        lo, hi, shift = ksc.fit_bins(*keys, nbins)
+        refine = {"window": window, "bins": (lo, hi, shift), "ranks": ranks, "moments": False}
+        if shift == 0:  # this pass finds the middle keys: the last one
+            head, ahead = yield from _last_pass(refine, keys, dtype, plan)
+            (b1, _), (b2, _) = ((int(head[ksc.SEL + 3 * j]), int(head[ksc.SEL + 3 * j + 1]))
+                                for j in (0, 1))
+            return _middle(ksc.values([lo + b1, lo + b2], dtype), count), ahead
+        head = yield refine
+
+
+def _last_pass(params, keys, dtype, plan):
+    """The median's last pass, batched with ``plan``'s passes where it gives some (the median
+    lies between the values of ``keys``): ``(its result, ahead)``."""
+    planned = None if plan is None else plan(ksc.values(list(keys), dtype))
+    if planned is None:
+        result = yield params
+        return result, None
+    results = yield [params, *planned[0]]
+    return results[0], (planned, results[1:])
+
+
+def _middle(middle, count):
+    """np.median's value: the mean of the middle one or two, in the data's float type."""
     return np.mean(middle[:1] if count % 2 else middle)
 
 
@@ -219,7 +353,14 @@ class DevicePasses:
     def first_value(self) -> float:
         return float(self.blocks[0][(0,) * self.blocks[0].ndim]) if self.blocks else 0.0
 
+    #: One call runs the whole loop in this process: a pass costs launches, not a round trip.
+    fuse = False
+
     def __call__(self, **params):
+        params, histogram = split(params)
+        if histogram:
+            heads, counts = self.host_rows(**params)
+            return ksc.combine(heads), counts
         p, length = self._launch(params)
         if len(self.rows) == 1:
             cp = cuda.cupy()
@@ -230,10 +371,13 @@ class DevicePasses:
                 return row[:ksc.HEAD].get()
         return finish(*self._host_rows(length), params)
 
+    def many(self, passes):
+        return [self(**params) for params in passes]
+
     def host_rows(self, **params):
         """One pass, its result left uncombined: ``(heads, histogram)``, each device's head row
         and the devices' histograms added up, NumPy arrays (what a cluster worker sends)."""
-        _, length = self._launch(params)
+        _, length = self._launch(split(params)[0])
         return self._host_rows(length)
 
     def _launch(self, params):
@@ -285,13 +429,22 @@ class HostPasses:
     def first_value(self) -> float:
         return next((float(b.reshape(-1)[0]) for b in self.blocks if b.size), 0.0)
 
+    #: Each pass may be a round trip (a cluster's client drives them): passes are batched, and
+    #: every runner of NumPy blocks batches them alike (the same sums, to the last bit).
+    fuse = True
+
     def __call__(self, **params):
-        return finish(*self.host_rows(**params), params)
+        params, histogram = split(params)
+        heads, counts = self.host_rows(**params)
+        return (ksc.combine(heads), counts) if histogram else finish(heads, counts, params)
+
+    def many(self, passes):
+        return [self(**params) for params in passes]
 
     def host_rows(self, **params):
         """One pass, its result left uncombined: ``(heads, histogram)``, each block's head row
         (in block order) and the blocks' histograms added up."""
-        params = ksc.validate(0, **params)
+        params = ksc.validate(0, **split(params)[0])
         self.passes += 1
         heads, histogram = [], None
         for block in self.blocks:
@@ -310,6 +463,8 @@ def finish(heads, histogram, params):
     (what :func:`kappa_sigma_clip.finalize <chunkernels.kernels.kappa_sigma_clip.finalize>`
     gives for the rows joined, without joining them: this runs once per pass on the client)."""
     head = ksc.combine(heads)
+    if split(params)[1]:
+        return head, histogram
     if params.get("max_in") is None and params.get("min_in") is None:
         return ksc.select_bins(head, histogram, params.get("ranks"))
     head[ksc.SEL:ksc.SEL + 6] = (-1, 0, 0, -1, 0, 0)
@@ -332,10 +487,44 @@ class GraphPasses:
         value = self.x[(0,) * self.x.ndim].compute()
         return float(value.get() if cuda.is_cupy_array(value) else value)
 
+    #: A pass is a graph: a batch is one ``dask.compute`` of its graphs, one trip instead of one
+    #: each.
+    fuse = True
+
     def __call__(self, **params):
-        self.passes += 1
-        head = apply(self.x, "kappa_sigma_clip", **params).compute()
-        return head.get() if cuda.is_cupy_array(head) else np.asarray(head)
+        return self.many([params])[0]
+
+    def many(self, passes):
+        import dask
+
+        self.passes += len(passes)
+        graphs = [self._graph(params) for params in passes]
+        results = []
+        for params, row in zip(passes, dask.compute(*graphs)):
+            row = row.get() if cuda.is_cupy_array(row) else np.asarray(row)
+            results.append((row[:ksc.HEAD], row[ksc.HEAD:]) if split(params)[1] else row)
+        return results
+
+    def _graph(self, params):
+        params, histogram = split(params)
+        if not histogram:
+            return apply(self.x, "kappa_sigma_clip", **params)
+        # the blocks' rows added up, histogram and all (apply's result is the head alone)
+        from chunkernels import _graph
+        from chunkernels._apply import BlockFunction
+
+        fn = BlockFunction(ksc.SPEC, params)
+        p = ksc.resolve(self.x.dtype, **ksc.validate(self.x.ndim, **params))
+        length = ksc.HEAD + ksc.bin_count(p["bins"])
+        return _graph.reduce(fn, _joined, f"kappa_sigma_clip-rows-{_graph.tokenize(fn, self.x)}",
+                             self.x, [], chunks=((length,),), dtype=np.float64,
+                             meta=_graph.meta(self.x, np.float64, 1))
+
+
+def _joined(partials):
+    """The blocks' rows (each ``(1, HEAD + bins)``) added up, on their device: one row."""
+    xp = cuda.array_module(partials[0])
+    return ksc.combine(xp.concatenate([p.reshape(-1, p.shape[-1]) for p in partials]))
 
 
 def graph_bins_cap(x) -> int:

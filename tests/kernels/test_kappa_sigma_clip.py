@@ -441,6 +441,88 @@ def test_dtype_errors(dtype):
         kappa_sigma_clip(da.from_array(x, chunks=2))
 
 
+# -- the fused loop: a round's last median pass batched with the next round's passes ----------
+
+def _driven(blocks, fuse, max_iters=None, nbins=ksc.NBINS):
+    """The loop over NumPy blocks, fused or not: (result, round trips, passes)."""
+    from chunkernels.sources._passes import HostPasses, clip_steps, drive
+
+    passes = HostPasses(blocks)
+    trips = []
+
+    class Counted:
+        def __call__(self, **params):
+            trips.append(1)
+            return passes(**params)
+
+        def many(self, batch):
+            trips.append(len(batch))
+            return passes.many(batch)
+
+    first = next(float(b.reshape(-1)[0]) for b in blocks if b.size)
+    steps = clip_steps(blocks[0].dtype, 3.0, max_iters, nbins, first, fuse)
+    return drive(steps, Counted()), len(trips), sum(trips)
+
+
+def _same_values(a, b):
+    """The same kept values, medians and rounds; the float64 sums in another order."""
+    return (a.count == b.count and a.iterations == b.iterations and a.converged == b.converged
+            and (a.median == b.median or (np.isnan(a.median) and np.isnan(b.median)))
+            and (a.std == pytest.approx(b.std, rel=1e-13, nan_ok=True))
+            and (a.lower == pytest.approx(b.lower, rel=1e-13, nan_ok=True))
+            and (a.upper == pytest.approx(b.upper, rel=1e-13, nan_ok=True)))
+
+
+@pytest.mark.parametrize("dtype", [*FLOATS, "int16", "uint8", "int64"])
+@pytest.mark.parametrize("seed", range(4))
+def test_fused_loop_keeps_the_same_values_in_fewer_round_trips(dtype, seed):
+    """Batched with the next round's passes, a round's last median pass saves a round trip:
+    the same kept values, medians and rounds as the loop of one pass per trip."""
+    rng = np.random.default_rng(seed)
+    x = sky(rng, (120, 90), "float64", sources=30)
+    if np.dtype(dtype).kind in "iu":
+        x = np.clip(x * 40 + 100, 0, 255 if dtype == "uint8" else 10_000).astype(dtype)
+    else:
+        x = x.astype(dtype)
+    blocks = [x[:50], x[50:, :33], x[50:, 33:]]
+    fused, trips, passes = _driven(blocks, True)
+    plain, plain_trips, _ = _driven(blocks, False)
+    assert _same_values(fused, plain)
+    assert _same_values(fused, clip_reference(x))
+    assert trips <= plain_trips
+    if dtype == "float32":  # two passes a round unfused, one trip fused
+        assert trips < 0.7 * plain_trips and passes > plain_trips
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5, 7, 10, 31])
+@pytest.mark.parametrize("nbins", [ksc.NBINS, 64, 2])
+def test_fused_loop_on_few_values_and_narrow_histograms(size, nbins):
+    """Few values (a median rank beside an edge zone), ties, and histograms too small for the
+    edge zones: the rounds fall back to a pass of their own and keep the same values."""
+    rng = np.random.default_rng(size * 7 + nbins)
+    for dtype in (*FLOATS, "int16"):
+        x = np.round(rng.standard_normal(size) * 3, 1)
+        x[: size // 3] = 40.0  # outliers to clip
+        x = x.astype(dtype)
+        for max_iters in (None, 1, 2):
+            fused, _, _ = _driven([x[: size // 2], x[size // 2:]], True, max_iters, nbins)
+            plain, _, _ = _driven([x], False, max_iters, nbins)
+            assert _same_values(fused, plain), (dtype, max_iters, x)
+
+
+def test_graph_and_host_passes_fuse_alike_to_the_last_bit():
+    """NumPy blocks give the same bits on every runner: the in-process graph per batch and a
+    worker's passes over its blocks."""
+    from chunkernels.sources._passes import GraphPasses, clip_with_passes
+
+    x = sky(np.random.default_rng(47), (100, 90), "float32")
+    dx = da.from_array(x, chunks=(40, 45))
+    blocks = [b.compute() for b in dx.blocks.ravel()]
+    graph = clip_with_passes(GraphPasses(dx), x.dtype, 3.0, None)
+    host, _, _ = _driven(blocks, True)
+    assert graph == host
+
+
 # -- extreme magnitudes (issue #20): sums that cannot overflow ----------------------------------
 
 HUGE = np.array([1e160, 2e160, 3e160])
