@@ -83,9 +83,10 @@ class ClipService:
         return (heads, *_trim(histogram))
 
     async def run_many(self, call, batch):
-        """A batch of passes of call ``call``, one after the other: a list of what
-        :meth:`run` returns."""
-        return [await self.run(call, params) for params in batch]
+        """A batch of passes of call ``call``: a list of what :meth:`run` returns for each."""
+        passes = self.calls[call]
+        rows = await _run(passes, passes.host_rows_many, batch)
+        return [(heads, *_trim(histogram)) for heads, histogram in rows]
 
     async def close(self, call):
         """Forget call ``call`` (and the blocks it read)."""

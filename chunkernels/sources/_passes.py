@@ -348,7 +348,8 @@ class DevicePasses:
         for d in devices:
             with cp.cuda.Device(d):
                 self.rows[d] = (cp.empty(ksc.HEAD + self.nbins, dtype=np.float64), ksc.Scratch(cp))
-        self._pinned = {}  # a pinned host row per device, made on the first pass that reads rows
+        self._slots = {}  # rows of the later passes of a batch, by (device, slot): made on use
+        self._pinned = {}  # pinned host rows by (device, slot), made on the first pass reading one
 
     def first_value(self) -> float:
         return float(self.blocks[0][(0,) * self.blocks[0].ndim]) if self.blocks else 0.0
@@ -380,33 +381,47 @@ class DevicePasses:
         _, length = self._launch(split(params)[0])
         return self._host_rows(length)
 
-    def _launch(self, params):
+    def host_rows_many(self, batch):
+        """:meth:`host_rows` of each pass of a batch: every pass launched into a row of its
+        own, then the rows read back (one wait for the device, not one a pass)."""
+        lengths = [self._launch(split(params)[0], slot)[1] for slot, params in enumerate(batch)]
+        return [self._host_rows(length, slot) for slot, length in enumerate(lengths)]
+
+    def _row(self, device, slot):
+        if slot == 0:
+            return self.rows[device][0]
+        row = self._slots.get((device, slot))
+        if row is None:
+            row = self._slots[device, slot] = cuda.cupy().empty_like(self.rows[device][0])
+        return row
+
+    def _launch(self, params, slot=0):
         cp = cuda.cupy()
         p = ksc.resolve(self.dtype, **ksc.validate(0, **params))
         length = ksc.HEAD + (0 if p["extremes"] else ksc.bin_count(p["bins"]))
-        for d, (row, scratch) in self.rows.items():
+        for d in self.rows:
             with cp.cuda.Device(d):
-                cp.cuda.runtime.memsetAsync(row.data.ptr, 0, length * 8,
+                cp.cuda.runtime.memsetAsync(self._row(d, slot).data.ptr, 0, length * 8,
                                             cp.cuda.get_current_stream().ptr)
         self.passes += 1
         for device, block_walks in self.walks:
             with cp.cuda.Device(device):
-                row, scratch = self.rows[device]
-                ksc.launch(block_walks, row, scratch, p)
+                ksc.launch(block_walks, self._row(device, slot), self.rows[device][1], p)
         return p, length
 
-    def _host_rows(self, length):
+    def _host_rows(self, length, slot=0):
         """The devices' rows copied into pinned host buffers (one copy each, no staging): the
         head rows stacked and the histograms added up, new NumPy arrays."""
         cp = cuda.cupy()
         copies = []
-        for d, (row, _) in self.rows.items():
+        for d in self.rows:
+            row = self._row(d, slot)
             with cp.cuda.Device(d):
-                host = self._pinned.get(d)
+                host = self._pinned.get((d, slot))
                 if host is None:
                     import cupyx  # with CuPy, as this class is
 
-                    host = self._pinned[d] = cupyx.empty_pinned(row.size, np.float64)
+                    host = self._pinned[d, slot] = cupyx.empty_pinned(row.size, np.float64)
                 row[:length].get(out=host[:length], blocking=True)
                 copies.append(host[:length])
         heads = np.stack([c[:ksc.HEAD] for c in copies])
@@ -440,6 +455,9 @@ class HostPasses:
 
     def many(self, passes):
         return [self(**params) for params in passes]
+
+    def host_rows_many(self, batch):
+        return [self.host_rows(**params) for params in batch]
 
     def host_rows(self, **params):
         """One pass, its result left uncombined: ``(heads, histogram)``, each block's head row

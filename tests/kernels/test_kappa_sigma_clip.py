@@ -510,6 +510,39 @@ def test_fused_loop_on_few_values_and_narrow_histograms(size, nbins):
             assert _same_values(fused, plain), (dtype, max_iters, x)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [*FLOATS, "int16"])
+def test_fused_loop_on_cupy_blocks(dtype):
+    """A cluster's GPU worker runs a batch into a row per pass and reads them back after one
+    wait: fused, the same values as the unfused loop and the CPU reference."""
+    cp = pytest.importorskip("cupy")
+    from chunkernels.sources._passes import DevicePasses, clip_steps, drive, finish
+
+    x = sky(np.random.default_rng(48), (300, 257), dtype)
+    # the values split into a C block, a reversed view and a Fortran block
+    blocks = [cp.asarray(x[:100]), cp.asarray(x[100:, 7:])[:, ::-1],
+              cp.asarray(x[100:, :7], order="F")]
+    passes = DevicePasses(blocks)
+
+    class Batched:
+        nbins = passes.nbins
+
+        def __call__(self, **params):
+            return passes(**params)
+
+        def many(self, batch):
+            rows = passes.host_rows_many(batch)
+            return [finish(heads, histogram, params)
+                    for (heads, histogram), params in zip(rows, batch)]
+
+    fused = drive(clip_steps(x.dtype, 3.0, None, passes.nbins, float(x.flat[0]), True),
+                  Batched())
+    plain = drive(clip_steps(x.dtype, 3.0, None, passes.nbins, float(x.flat[0]), False),
+                  Batched())
+    assert _same_values(fused, plain)
+    assert _same_values(fused, clip_reference(x))
+
+
 def test_graph_and_host_passes_fuse_alike_to_the_last_bit():
     """NumPy blocks give the same bits on every runner: the in-process graph per batch and a
     worker's passes over its blocks."""
