@@ -357,6 +357,19 @@ def of_single_block(fn: Callable, a, shape: tuple, dtype, meta):
     return tasks.array(name, tuple((n,) for n in shape), dtype, meta)
 
 
+def delayed_of_single_block(fn: Callable, a):
+    """A Dask Delayed of one task, ``fn`` of the single block of Dask array ``a``: what a task
+    returns that is no array (a dict of columns), computed without a finalize task."""
+    from dask.delayed import Delayed
+    from dask.highlevelgraph import HighLevelGraph
+
+    name = f"{getattr(fn, 'func', fn).__name__.strip('_')}-{tokenize(fn, a)}"
+    tasks = Tasks()
+    tasks.add(name, fn, tasks.block(a, (0,) * a.ndim))
+    return Delayed(name, HighLevelGraph.from_collections(name, tasks.graph,
+                                                         dependencies=tasks.dependencies))
+
+
 def with_noop_tasks(collection):
     """``collection`` (a Dask array) with every task's function replaced by one that returns at
     once: what Dask's own handling of the graph costs (the benchmarks' "Dask alone" rows)."""

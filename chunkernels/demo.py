@@ -318,8 +318,6 @@ def warm_up(client, chunk=None) -> None:
 
 def _find(image, client, steps) -> _Found:
     """The pipeline: κσ clipping, threshold + label, measure, each a timed step."""
-    import dask
-
     from chunkernels.ndimage import label, measure
     from chunkernels.sources import kappa_sigma_clip, threshold
     from chunkernels.sources._detect import CATALOGUE
@@ -338,7 +336,9 @@ def _find(image, client, steps) -> _Found:
         count = int(_host(count.compute() if hasattr(count, "compute") else count))
     with steps(measuring):
         table = measure(image, labels, properties=CATALOGUE, as_frame=False)
-        table = dict(zip(table, map(_host, dask.compute(*table.values()))))
+        if hasattr(table, "compute"):  # Dask columns: all of them computed by one task
+            table = table.compute()
+        table = {k: _host(v) for k, v in table.items()}
     return _Found(image, background, level, count, labels, table)
 
 

@@ -9,12 +9,14 @@ checks; Dask arrays of NumPy chunks run the kernel's CPU statistics and the Dask
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 
 import dask
 import dask.array as da
 from dask.delayed import Delayed
+
 import numpy as np
 import pytest
 import scipy.ndimage as ndi
@@ -726,6 +728,43 @@ def test_measure_index_and_every_property(backend):
     absent = 2  # entry of label n + 3: empty box, NaN centroid
     assert [int(host(table[f"bbox-{a}"])[absent]) for a in range(4)] == [0, 0, 0, 0]
     assert np.isnan(host(table["centroid-0"])[absent])
+
+
+@pytest.mark.parametrize("backend", CHUNKED)
+@pytest.mark.parametrize("index", [None, [3, 1, 99]])
+def test_measure_dask_columns_compute_in_one_task(backend, index):
+    """The dict of lazy columns computes them all in one task from the shared table: the same
+    arrays as dask.compute of every column, which takes two tasks a column."""
+    import pickle
+
+    from dask.core import flatten
+
+    rng = np.random.default_rng(12)
+    x, labels, n = labelled(rng, (30, 26), "float32")
+    props = ("label", "area", "sum", "center_of_mass", "bbox")
+    table = ndimage.measure(on(backend, x, (10, 9)), on(backend, labels, (10, 9)), index, props,
+                            as_frame=False)
+    each = dict(zip(table, dask.compute(*table.values())))
+    together = table.compute()
+    assert list(together) == list(table)
+    for key in table:
+        assert type(together[key]) is type(each[key])
+        np.testing.assert_array_equal(host(together[key]), host(each[key]), err_msg=key)
+    # the table's graph plus one task, against a task per column and its finalize
+    from chunkernels import _graph
+    from chunkernels.ndimage._measurements import _all_columns
+
+    one = _graph.delayed_of_single_block(functools.partial(_all_columns, table._fns),
+                                         table._table)
+    table_tasks = len(table._table.__dask_graph__())
+    assert len(one.__dask_graph__()) == table_tasks + 1
+    from dask.highlevelgraph import HighLevelGraph
+
+    columns = HighLevelGraph.merge(*(c.__dask_graph__() for c in table.values()))
+    assert len(columns) == table_tasks + len(table)  # and dask.compute adds a finalize each
+    again = pickle.loads(pickle.dumps(table))
+    np.testing.assert_array_equal(host(again.compute()["sum"]), host(each["sum"]))
+    assert len(list(flatten(list(table.values())[0].__dask_keys__()))) == 1
 
 
 def test_measure_frames(monkeypatch):

@@ -1203,8 +1203,9 @@ def measure(input, labels, index=None,
         One 1-D column per property, per-axis properties as ``name-0``, ``name-1``, ... (bbox:
         ``bbox-0`` ... ``bbox-{2*ndim-1}``, the starts then the stops), as
         ``skimage.measure.regionprops_table`` names them. Columns of NumPy / CuPy / Dask arrays
-        follow the input; Dask columns share one graph (``dask.compute(*table.values())``
-        computes them in one pass), with unknown length when ``index`` is ``None``.
+        follow the input; Dask columns share one graph, with unknown length when ``index`` is
+        ``None``: the dict's ``compute()`` computes them all in one task
+        (``dask.compute(*table.values())`` too, with two tasks a column).
 
     Raises
     ------
@@ -1242,17 +1243,43 @@ def _measure_columns(q, index, properties):
     rows_of = _MeasureRows(q, stats)
     ndim = len(q.shape)
     n = math.nan if q.select == "labels" else q.slots.size
-    columns = {}
+    columns, fns = {}, {}
     for name in properties:
         per_axis = 2 * ndim if name == "bbox" else ndim if name in _PER_AXIS else 0
         for axis in range(per_axis) if per_axis else (None,):
             key = name if axis is None else f"{name}-{axis}"
-            fn = functools.partial(_column, name, axis, rows_of, q.labels.dtype)
+            fn = fns[key] = functools.partial(_column, name, axis, rows_of, q.labels.dtype)
             if q.backend == "dask":
                 columns[key] = _lazy(fn, table, (n,), _column_dtype(name, q, rows_of))
             else:
                 columns[key] = fn(table)
-    return columns
+    return DaskColumns(columns, table, fns) if q.backend == "dask" else columns
+
+
+class DaskColumns(dict):
+    """What :func:`measure` returns for Dask input with ``as_frame=False``: a dict of lazy 1-D
+    Dask arrays, one per column, over one shared table; :meth:`compute` computes them all."""
+
+    def __init__(self, columns, table, fns):
+        super().__init__(columns)
+        self._table, self._fns = table, tuple(fns.items())
+
+    def compute(self) -> dict:
+        """The columns computed (NumPy or CuPy arrays, as the input's chunks), all of them by
+        one task from the shared table. ``dask.compute(*columns.values())`` gives the same
+        arrays with two tasks a column (Dask's handling of each, a few milliseconds on a
+        cluster, is what a column costs)."""
+        import dask
+
+        fn = functools.partial(_all_columns, self._fns)
+        return dask.compute(_graph.delayed_of_single_block(fn, self._table))[0]
+
+    def __reduce__(self):
+        return DaskColumns, (dict(self), self._table, dict(self._fns))
+
+
+def _all_columns(fns, table):
+    return {key: fn(table) for key, fn in fns}
 
 
 def _column_dtype(name, q, rows_of):
@@ -1280,8 +1307,6 @@ def _as_table(columns, backend, as_frame):
         raise ImportError("measure(..., as_frame=True) needs pandas, which is not installed: "
                           "pip install pandas, or pass as_frame=False for a dict of arrays") from None
     if backend == "dask":
-        import dask
-
-        columns = dict(zip(columns, dask.compute(*columns.values())))
+        columns = columns.compute()
     host = {k: v.get() if cuda.is_cupy_array(v) else np.asarray(v) for k, v in columns.items()}
     return pd.DataFrame(host)

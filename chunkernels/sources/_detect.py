@@ -123,7 +123,7 @@ def find_sources(kind, image, kappa=3.0, nsigma=5.0, structure=None):
         ``center_of_mass-0`` and ``center_of_mass-1`` (the value-weighted centre, as the lesson's
         ``center_of_mass``), ``bbox-0`` .. ``bbox-3`` (first row, first column, last row + 1,
         last column + 1). The columns are of the image's array type; for Dask they are lazy and
-        share one graph (``dask.compute(*catalogue.values())`` computes them in one pass).
+        share one graph: ``catalogue.compute()`` computes them all in one task.
         ``labels`` is the label image, of the image's array type (lazy for Dask; a DataArray
         labelled as the image). The result also carries ``background`` (:class:`ClipResult`)
         and ``threshold``.
