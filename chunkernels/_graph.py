@@ -126,30 +126,67 @@ def in_memory_blocks(a) -> dict[tuple, Any] | None:
 class BlockSource:
     """What tasks need of a Dask array's blocks, without the array: its name and, when they are
     in memory (:func:`in_memory_blocks`), the blocks. It pickles, so a layer built where it runs
-    (:func:`chosen_array`) can carry it."""
+    (:func:`chosen_array`) can carry it.
 
-    __slots__ = ("name", "held")
+    With ``absorb``, the blocks of a layer of one task per block over persisted blocks (a
+    per-block step such as ``threshold`` on a persisted image, as :func:`placement` with
+    ``computed`` sees it) are computed inside the tasks that read them: the argument is the
+    block's task itself, run in place, and the step's own tasks drop out of the graph when it is
+    optimised (on a cluster each task costs Dask's handling, a millisecond or more, whatever
+    its work)."""
 
-    def __init__(self, a):
+    __slots__ = ("name", "held", "inline")
+
+    def __init__(self, a, *, absorb: bool = False):
         self.name = a.name
         self.held = in_memory_blocks(a)
+        self.inline = _inline_blocks(a) if absorb and self.held is None else None
 
     def arg(self, index: tuple):
-        """Block ``index`` as a task argument: the block when in memory, else a reference."""
+        """Block ``index`` as a task argument: the block when in memory, its task when absorbed,
+        else a reference."""
         if self.held is not None:
             return self.held[index]
+        if self.inline is not None:
+            return self.inline[index][0]
         from dask.task_spec import TaskRef
 
         return TaskRef((self.name, *index))
 
+    def where(self, index: tuple):
+        """What a task that must run where block ``index`` is computed takes as an argument (so
+        that the scheduler places it there): the block (:meth:`arg`), or, absorbed, a persisted
+        block that its task reads."""
+        if self.inline is not None:
+            return self.inline[index][1]
+        return self.arg(index)
+
     def __reduce__(self):
-        return _block_source, (self.name, self.held)
+        return _block_source, (self.name, self.held, self.inline)
 
 
-def _block_source(name, held):
+def _block_source(name, held, inline=None):
     source = BlockSource.__new__(BlockSource)
-    source.name, source.held = name, held
+    source.name, source.held, source.inline = name, held, inline
     return source
+
+
+def _inline_blocks(a) -> dict | None:
+    """``{index: (the block's task, unkeyed, to run inside another; a reference to a persisted
+    block it reads)}`` where every block of ``a`` is a task over persisted blocks (see
+    :func:`_block_sources`), else None."""
+    plan = _block_sources(a, True)
+    if plan is None or not plan[1] or len(plan[1]) != a.npartitions:
+        return None
+    from dask.task_spec import Task, TaskRef
+
+    layer = a.dask.layers[a.name]
+    blocks = {}
+    for key, deps in plan[1].items():
+        task = layer[key]
+        blocks[key[1:]] = (Task(None, task.func, *task.args, **task.kwargs),
+                           TaskRef(min(deps, key=str)))
+    return blocks
 
 
 class Tasks:

@@ -211,14 +211,24 @@ def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, s
         graph = graph_on_a_cluster(labels)
         parts = [k for k in graph if k[0] == f"{labels.name}-part"]
         relabels = {k: t for k, t in graph.items() if k[0] == f"{labels.name}-relabel"}
+        # a lazy per-block step runs inside the label's tasks: a pick is placed by the input
+        # block its mask block reads, and the step's own tasks drop out of the graph
+        placed_by = x.name if lazy else mask.name
         if workers == 1:  # one group: the three steps in one task, a pick per block
             assert not parts and not relabels
             picks = {k: t for k, t in graph.items() if k[0] == labels.name}
             assert len(picks) == mask.npartitions
             for k, t in picks.items():
-                assert t.dependencies == {(f"{labels.name}-merge",), (mask.name, *k[1:])}
+                assert t.dependencies == {(f"{labels.name}-merge",), (placed_by, *k[1:])}
         else:
             assert len(parts) == len(relabels) >= workers
+        needed, todo = set(), [k for k in graph if k[0] == labels.name]
+        while todo:  # the keys the labels need: the graph culled as Dask optimises it
+            key = todo.pop()
+            if key not in needed:
+                needed.add(key)
+                todo.extend(getattr(graph[key], "dependencies", ()))
+        assert any(k[0] == mask.name for k in needed) is not lazy
         if workers == 3:
             assert len(parts) >= -(-mask.npartitions // 3)
         for t in relabels.values():  # its part, and one summary per group

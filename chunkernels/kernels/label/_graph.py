@@ -273,12 +273,14 @@ def plan(x, structure, dtype=None, *, strict=False):
     name = "label-" + _graph.tokenize(x, structure, dtype, strict)
     source = _graph.BlockSource(x)
     dependencies = [] if source.held is not None else [x]
-    args = (name, source, x.numblocks, _MergePlan(x.shape, x.chunks, structure, dtype),
-            _LocalLabels(structure, strict), dtype)
     local = local_shape(xp)
     # on GPU workers whose blocks' places are known now: a few tasks per worker
     groups = (_graph.worker_groups(x) if source.held is None and _halo.group_placed([x._meta])
               else None)
+    if groups is not None:  # a per-block step (threshold) runs inside the group tasks
+        source = _graph.BlockSource(x, absorb=True)
+    args = (name, source, x.numblocks, _MergePlan(x.shape, x.chunks, structure, dtype),
+            _LocalLabels(structure, strict), dtype)
     if groups is not None:  # runs of at most PLACED_GROUP_BYTES of labels (see _tasks)
         groups = [run for members in groups for run in _graph.byte_runs(
             members, x.chunks, dtype.itemsize, _halo.PLACED_GROUP_BYTES)]
@@ -352,7 +354,8 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape, groups=None
             relabelled = tasks.add((f"{name}-relabel", g), _relabel_part, name, merge_plan,
                                    order, g, dtype, part, *summaries)
             for position, index in enumerate(members):  # the block too: see _graph._group_tasks
-                tasks.add((name, *index), _halo.picked, relabelled, position, source.arg(index))
+                tasks.add((name, *index), _halo.picked, relabelled, position,
+                          source.where(index))
         return tasks.graph
     if shape in ("one task", "one task, placed"):
         merged = tasks.add(merge_key, _label_blocks, merge_plan, local, dtype,
@@ -360,7 +363,7 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape, groups=None
         for b, index in enumerate(indices):
             # on a cluster the block too: see chunkernels._graph._group_tasks
             tasks.add((name, *index), _pick, merged, b,
-                      *([source.arg(index)] if shape == "one task, placed" else []))
+                      *([source.where(index)] if shape == "one task, placed" else []))
         return tasks.graph
     locals_ = [tasks.add((f"{name}-local", *index), local, source.arg(index))
                for index in indices]
