@@ -730,7 +730,7 @@ def test_measure_index_and_every_property(backend):
     assert np.isnan(host(table["centroid-0"])[absent])
 
 
-@pytest.mark.parametrize("backend", CHUNKED)
+@pytest.mark.parametrize("backend", ["dask", pytest.param("dask-cupy", marks=GPU)])
 @pytest.mark.parametrize("index", [None, [3, 1, 99]])
 def test_measure_dask_columns_compute_in_one_task(backend, index):
     """The dict of lazy columns computes them all in one task from the shared table: the same
