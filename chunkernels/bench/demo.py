@@ -48,7 +48,7 @@ from chunkernels.bench import (
     clusters,
     sweep,
 )
-from chunkernels.demo import PIPELINE, WARM_UP_CHUNK_MAX, warm_up
+from chunkernels.demo import PIPELINE, WARM_UP_CHUNK_MAX, WARM_UP_SIZE_MAX, warm_up
 
 NEEDS_GPU = False
 CLUSTER = True
@@ -84,7 +84,7 @@ def run(args) -> dict:
                 ready = None
                 if kind == "gpu":  # the demo readies its kernels first (cluster start)
                     start = time.perf_counter()
-                    warm_up(client, chunk=max(chunk))
+                    warm_up(client, chunk=max(chunk), size=max(shape))
                     ready = time.perf_counter() - start
                 found = _pipeline(image, client)  # the first run, checked
                 _check(found, reference, where)
@@ -288,8 +288,9 @@ def _markdown(r) -> str:
              f"{r['background']['std']:.6g}. Every result equals the CPU reference before it "
              f"is timed; medians of {r['repeat']} runs, wall clock, each step until its result "
              f"is back. Kernels ready: on GPUs, the demo's warm-up when its cluster starts (the "
-             f"pipeline on a sky of 2x2 or more blocks of the run's chunk shape, at most "
-             f"{WARM_UP_CHUNK_MAX}² each, over every worker: kernels compiled, or loaded "
+             f"pipeline on a sky of the run's chunk shape, at most {WARM_UP_CHUNK_MAX}² a "
+             f"chunk, and of its size, at most {WARM_UP_SIZE_MAX}², over every worker: kernels "
+             f"compiled, or loaded "
              f"from CuPy's kernel cache once any process has compiled them; the first cluster of "
              f"a run with an empty cache is a fresh install's). First run: the steps the first "
              f"time on that cluster, after it. photutils and sep run once on the host copy of the "
