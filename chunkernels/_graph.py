@@ -135,7 +135,7 @@ class BlockSource:
     optimised (on a cluster each task costs Dask's handling, a millisecond or more, whatever
     its work)."""
 
-    __slots__ = ("name", "held", "inline")
+    __slots__ = ("held", "inline", "name")
 
     def __init__(self, a, *, absorb: bool = False):
         self.name = a.name

@@ -740,7 +740,7 @@ def test_measure_dask_columns_compute_in_one_task(backend, index):
     from dask.core import flatten
 
     rng = np.random.default_rng(12)
-    x, labels, n = labelled(rng, (30, 26), "float32")
+    x, labels, _ = labelled(rng, (30, 26), "float32")
     props = ("label", "area", "sum", "center_of_mass", "bbox")
     table = ndimage.measure(on(backend, x, (10, 9)), on(backend, labels, (10, 9)), index, props,
                             as_frame=False)
@@ -764,7 +764,7 @@ def test_measure_dask_columns_compute_in_one_task(backend, index):
     assert len(columns) == table_tasks + len(table)  # and dask.compute adds a finalize each
     again = pickle.loads(pickle.dumps(table))
     np.testing.assert_array_equal(host(again.compute()["sum"]), host(each["sum"]))
-    assert len(list(flatten(list(table.values())[0].__dask_keys__()))) == 1
+    assert len(list(flatten(next(iter(table.values())).__dask_keys__()))) == 1
 
 
 def test_measure_frames(monkeypatch):

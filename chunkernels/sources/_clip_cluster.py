@@ -9,8 +9,8 @@ seconds on a ``LocalCUDACluster``). Here every worker that holds blocks of the a
 * where one worker holds every block, it runs the whole loop on them in one call;
 * otherwise the client drives the loop (:func:`~chunkernels.sources._passes.clip_steps`, fused:
   a round's last median pass goes out in one batch with the next round's passes) and, for each
-  pass or batch, calls every worker's actor at once, directly (the client's connection to the worker,
-  no scheduler hop). Each actor runs the pass on its blocks (one launch per CuPy block into its
+  pass or batch, calls every worker's actor at once, directly (the client's connection to the
+  worker, no scheduler hop). Each actor runs the pass on its blocks (one launch per CuPy block into its
   device's row, or the NumPy partials) and returns its head rows and its histogram cut to the
   non-empty bins; the client adds them up and selects the median's bins, as the graph's
   combining task does.

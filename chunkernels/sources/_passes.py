@@ -186,10 +186,10 @@ def _next_round(window, std, kappa, dtype, nbins, bounds):
     The next window, this one cut to ``median ± kappa * std``, lies between an inner window (its
     smallest possible) and two edge zones of keys that it may or may not keep. The passes: the
     moments and histogram of the inner window (shifted by the lowest possible median), and a
-    histogram of single keys over each zone, whose values are known from their keys (at most ``nbins`` keys each).
-    :func:`_round_from` turns their results into the round's statistics once the median is
-    known. Zones wider than the histogram (far from any usual data) are not planned.
-    """
+    histogram of single keys over each zone (at most ``nbins`` keys), whose values are known
+    from their keys. :func:`_round_from` turns their results into the round's statistics once
+    the median is known. Zones wider than the histogram (far from any usual data) are not
+    planned."""
     lo_key, hi_key = window
     low, high = (float(v) for v in bounds)
     if not (math.isfinite(low) and math.isfinite(high)):
