@@ -121,10 +121,10 @@ def clip_steps(dtype, kappa, max_iters, nbins, first, fuse=False):
     which makes them exact multiples of the unscaled ones: the statistics are those of the
     definition (:func:`chunkernels.sources.clip_reference`), finite wherever the values are.
 
-    With ``fuse``, a round's last median pass goes out with the next round's passes in one batch
-    (a list of parameters, sent back a list of results; see :func:`_next_round`): where each
-    pass costs a round trip (a cluster, a graph per pass) a round then costs one trip instead of
-    two. The kept values, counts and medians are the same; the float64 sums of those rounds are
+    With ``fuse`` (or where ``fuse()``, asked at each round, says so), a round's last median
+    pass goes out with the next round's passes in one batch (a list of parameters, sent back a
+    list of results; see :func:`_next_round`): where each pass costs a round trip (a cluster, a
+    graph per pass) a round then costs one trip instead of two. The kept values, counts and medians are the same; the float64 sums of those rounds are
     added in another order, so their std may differ in the last bits from the unfused loop's.
     Every runner of NumPy blocks fuses, so they all give the same bits.
     """
@@ -162,7 +162,8 @@ def clip_steps(dtype, kappa, max_iters, nbins, first, fuse=False):
                         mean, std, _ = _moments(head, count, center, scale)
             last = max_iters is not None and iterations == max_iters
             plan = None
-            if fuse and not last and scale == 1.0 and math.isfinite(std):
+            fused = fuse() if callable(fuse) else fuse
+            if fused and not last and scale == 1.0 and math.isfinite(std):
                 plan = functools.partial(_next_round, window, std, kappa, dtype, nbins)
             median, ahead = yield from _median_steps(head, bins, ranks, window, count, dtype,
                                                      nbins, plan)

@@ -543,6 +543,34 @@ def test_fused_loop_on_cupy_blocks(dtype):
     assert _same_values(fused, clip_reference(x))
 
 
+def test_fuse_may_be_decided_at_each_round():
+    """``fuse`` as a callable is asked at each round: False gives the unfused loop's passes."""
+    x = sky(np.random.default_rng(49), (80, 70), "float32")
+    blocks = [x[:40], x[40:]]
+    plain, plain_trips, _ = _driven(blocks, False)
+    from chunkernels.sources._passes import HostPasses, clip_steps, drive
+
+    asked = []
+
+    def never():
+        asked.append(1)
+        return False
+
+    passes = HostPasses(blocks)
+    result = drive(clip_steps(x.dtype, 3.0, None, passes.nbins, float(x.flat[0]), never), passes)
+    assert result == plain and len(asked) == result.iterations + (not result.converged)
+    assert passes.passes == plain_trips
+
+
+def test_cluster_fuses_where_a_trip_costs_more_than_two_passes():
+    from chunkernels.sources._clip_cluster import worth_fusing
+
+    assert worth_fusing(None, None)  # before the first trip: batch
+    assert worth_fusing(6e-3, 0.5e-3)  # small shares: the trip's overhead dominates
+    assert not worth_fusing(8e-3, 3.5e-3)  # large shares: two more passes cost more
+    assert not worth_fusing(3e-3, 1e-3)  # the break-even: not worth it
+
+
 def test_graph_and_host_passes_fuse_alike_to_the_last_bit():
     """NumPy blocks give the same bits on every runner: the in-process graph per batch and a
     worker's passes over its blocks."""
