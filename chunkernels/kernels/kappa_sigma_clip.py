@@ -513,14 +513,34 @@ def _select_gpu(row, ranks):
 def dask_graph(x, *, strict=False, **params):
     """The pass over a Dask array: one task per block (its row) and one that combines them into
     a 1-D Dask array of :data:`HEAD` float64 values."""
-    from chunkernels import _graph
-    from chunkernels._apply import BlockFunction
     from chunkernels._dispatch import finalize
 
+    return _pass_graph(x, params, functools.partial(finalize, SPEC, params, (x.dtype,)),
+                       HEAD, "kappa_sigma_clip", strict)
+
+
+def rows_graph(x, **params):
+    """The pass over a Dask array with its histogram kept: the blocks' rows added up, a 1-D
+    Dask array of :data:`HEAD` values then the histogram, nothing selected (for a driver that
+    selects the ranks itself, once more passes are in)."""
+    p = resolve(x.dtype, **validate(x.ndim, **params))
+    length = HEAD + (0 if p["extremes"] else bin_count(p["bins"]))
+    return _pass_graph(x, params, _joined_rows, length, "kappa_sigma_clip-rows", False)
+
+
+def _pass_graph(x, params, combine_task, length, label, strict):
+    from chunkernels import _graph
+    from chunkernels._apply import BlockFunction
+
     fn = BlockFunction(SPEC, params, strict=strict)
-    return _graph.reduce(fn, functools.partial(finalize, SPEC, params, (x.dtype,)),
-                         f"kappa_sigma_clip-{_graph.tokenize(fn, x)}", x, [], chunks=((HEAD,),),
-                         dtype=np.float64, meta=_graph.meta(x, np.float64, 1))
+    return _graph.reduce(fn, combine_task, f"{label}-{_graph.tokenize(fn, x)}", x, [],
+                         chunks=((length,),), dtype=np.float64, meta=_graph.meta(x, np.float64, 1))
+
+
+def _joined_rows(partials):
+    """The blocks' rows (each ``(1, HEAD + bins)``) added up on their device: one row."""
+    xp = cuda.array_module(partials[0])
+    return combine(xp.concatenate([p.reshape(-1, p.shape[-1]) for p in partials]))
 
 
 def _cases(rng):

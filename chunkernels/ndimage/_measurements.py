@@ -1274,9 +1274,6 @@ class DaskColumns(dict):
         fn = functools.partial(_all_columns, self._fns)
         return dask.compute(_graph.delayed_of_single_block(fn, self._table))[0]
 
-    def __reduce__(self):
-        return DaskColumns, (dict(self), self._table, dict(self._fns))
-
 
 def _all_columns(fns, table):
     return {key: fn(table) for key, fn in fns}

@@ -526,24 +526,9 @@ class GraphPasses:
 
     def _graph(self, params):
         params, histogram = split(params)
-        if not histogram:
-            return apply(self.x, "kappa_sigma_clip", **params)
-        # the blocks' rows added up, histogram and all (apply's result is the head alone)
-        from chunkernels import _graph
-        from chunkernels._apply import BlockFunction
-
-        fn = BlockFunction(ksc.SPEC, params)
-        p = ksc.resolve(self.x.dtype, **ksc.validate(self.x.ndim, **params))
-        length = ksc.HEAD + ksc.bin_count(p["bins"])
-        return _graph.reduce(fn, _joined, f"kappa_sigma_clip-rows-{_graph.tokenize(fn, self.x)}",
-                             self.x, [], chunks=((length,),), dtype=np.float64,
-                             meta=_graph.meta(self.x, np.float64, 1))
-
-
-def _joined(partials):
-    """The blocks' rows (each ``(1, HEAD + bins)``) added up, on their device: one row."""
-    xp = cuda.array_module(partials[0])
-    return ksc.combine(xp.concatenate([p.reshape(-1, p.shape[-1]) for p in partials]))
+        if histogram:  # apply's result is the head alone
+            return ksc.rows_graph(self.x, **params)
+        return apply(self.x, "kappa_sigma_clip", **params)
 
 
 def graph_bins_cap(x) -> int:
