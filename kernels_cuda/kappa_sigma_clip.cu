@@ -6,7 +6,9 @@
 // non-negative values and every bit of negative ones, with -0.0 counted as +0.0 (NaN keys lie
 // outside [key(-inf), key(+inf)]); signed integers flip the sign bit. ksc_pass reads one block
 // (any strides: at most 3 dims after chunkernels.layout.plan_pointwise collapsed it, walked in
-// its memory order by a grid-stride loop) and, for the values whose key is in [wlo, whi]:
+// its memory order by a grid-stride loop), ksc_pass_blocks several contiguous blocks of one
+// device as one run of values (a launch per pass, not per block), and, for the values whose
+// key is in [wlo, whi]:
 //   - counts them and sums d = x * scale - center * scale (= (x - center) * scale, exactly for
 //     a power-of-two scale) and d*d in double, and counts NaNs anywhere (all four left at 0 when
 //     `moments` is 0: refinement passes need the histogram only). The driver passes scale 1
@@ -165,11 +167,57 @@ __device__ __forceinline__ T warp_min(T v) {
     return v;
 }
 
-template <typename T, typename I, int NDIM, bool EXTREMES>
-__global__ void __launch_bounds__(THREADS) ksc_pass(
-    const T* __restrict__ x, double* __restrict__ row, double* __restrict__ partials,
+// How a pass reads its values: load() gives the element at the reader's position, then moves
+// it on by the grid's stride. WalkReader reads one view (any strides, Walk above); BlocksReader
+// reads several contiguous blocks of one device, one after the other, as one run of values:
+// ptrs[b] the start of block b, ends[b] the run's index past its last value.
+template <typename T, typename I, int NDIM>
+struct WalkReader {
+    const T* x;
+    Walk<I, NDIM> walk;
+    I n1, n2, st0, st1, st2;
+    __device__ __forceinline__ WalkReader(const T* x_, I start, I step, I n1_, I n2_, I s0, I s1,
+                                          I s2)
+        : x(x_), walk(start, step, n1_, n2_), n1(n1_), n2(n2_), st0(s0), st1(s1), st2(s2) {}
+    __device__ __forceinline__ T load() {
+        const T v = __ldg(x + walk.offset(st0, st1, st2));
+        walk.next(n1, n2);
+        return v;
+    }
+};
+
+template <typename T, typename I>
+struct BlocksReader {
+    const unsigned long long* ptrs;
+    const I* ends;
+    const T* block;
+    I i, step, begin, end;
+    int b;
+    __device__ __forceinline__ BlocksReader(const unsigned long long* ptrs_, const I* ends_,
+                                            I start, I step_)
+        : ptrs(ptrs_), ends(ends_), i(start), step(step_), begin(0), b(0) {
+        end = __ldg(ends);
+        block = reinterpret_cast<const T*>(__ldg(ptrs));
+    }
+    __device__ __forceinline__ T load() {
+        while (i >= end) {  // the next block (callers stop at the run's end)
+            begin = end;
+            ++b;
+            end = __ldg(ends + b);
+            block = reinterpret_cast<const T*>(__ldg(ptrs + b));
+        }
+        const T v = __ldg(block + (i - begin));
+        i += step;
+        return v;
+    }
+};
+
+// The pass over the n values a reader gives (see the top of the file); one thread block's share
+// is every gridDim.x * blockDim.x-th value from its threads' starts.
+template <typename T, typename I, bool EXTREMES, typename Reader>
+__device__ __forceinline__ void ksc_pass_body(
+    Reader reader, const I n, double* __restrict__ row, double* __restrict__ partials,
     unsigned int* __restrict__ done,
-    const I n, const I n1, const I n2, const I st0, const I st1, const I st2,
     const typename Key<T>::type wlo, const typename Key<T>::type whi,
     const typename Key<T>::type hlo, const typename Key<T>::type hhi,
     const int shift, const int nbins,
@@ -190,16 +238,14 @@ __global__ void __launch_bounds__(THREADS) ksc_pass(
 
     const I step = (I)gridDim.x * blockDim.x;
     const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
-    Walk<I, NDIM> walk(start, step, n1, n2);
     for (I i = start; i < n;) {
         T v[UNROLL];
         int m = 0;
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             if (i < n) {
-                v[u] = __ldg(x + walk.offset(st0, st1, st2));
+                v[u] = reader.load();
                 ++m;
-                walk.next(n1, n2);
                 i += step;
             }
         }
@@ -284,6 +330,41 @@ __global__ void __launch_bounds__(THREADS) ksc_pass(
         if (cb > 0.0) { row[BMIN] = (row[NB] > 0.0 && row[BMIN] < vb) ? row[BMIN] : vb; row[NB] += cb; }
         *done = 0u;
     }
+}
+
+#define KSC_PASS_PARAMS                                                                       \
+    double* __restrict__ row, double* __restrict__ partials, unsigned int* __restrict__ done,   \
+    const typename Key<T>::type wlo, const typename Key<T>::type whi,                         \
+    const typename Key<T>::type hlo, const typename Key<T>::type hhi,                         \
+    const int shift, const int nbins,                                                         \
+    const typename Key<T>::type alo, const typename Key<T>::type ahi,                         \
+    const typename Key<T>::type blo, const typename Key<T>::type bhi,                         \
+    const double center, const double scale, const int moments
+#define KSC_PASS_ARGS row, partials, done, wlo, whi, hlo, hhi, shift, nbins, alo, ahi, blo, bhi, \
+    center, scale, moments
+
+// One view (at most 3 dims after collapsing, any strides).
+template <typename T, typename I, int NDIM, bool EXTREMES>
+__global__ void __launch_bounds__(THREADS) ksc_pass(
+    const T* __restrict__ x, const I n, const I n1, const I n2, const I st0, const I st1,
+    const I st2, KSC_PASS_PARAMS)
+{
+    const I step = (I)gridDim.x * blockDim.x;
+    const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    ksc_pass_body<T, I, EXTREMES>(WalkReader<T, I, NDIM>(x, start, step, n1, n2, st0, st1, st2),
+                                  n, KSC_PASS_ARGS);
+}
+
+// Several contiguous blocks of one device in one launch: n values in all, block b's pointer
+// ptrs[b] and the run's index past its last value ends[b] (ends[last] == n).
+template <typename T, typename I, bool EXTREMES>
+__global__ void __launch_bounds__(THREADS) ksc_pass_blocks(
+    const unsigned long long* __restrict__ ptrs, const I* __restrict__ ends, const I n,
+    KSC_PASS_PARAMS)
+{
+    const I step = (I)gridDim.x * blockDim.x;
+    const I start = (I)blockIdx.x * blockDim.x + threadIdx.x;
+    ksc_pass_body<T, I, EXTREMES>(BlocksReader<T, I>(ptrs, ends, start, step), n, KSC_PASS_ARGS);
 }
 
 // The bins of the row's histogram (nbins of them) holding ranks r1 and r2, counted from 0 over

@@ -434,6 +434,54 @@ def walks(x) -> list[Walk]:
     return [Walk(x, ndim, index64, grid, (i(n), i(n1), i(n2), i(s0), i(s1), i(s2)))]
 
 
+class Run(NamedTuple):
+    """How one launch reads several contiguous CuPy blocks of one device as one run of values
+    (:func:`run_of`): a device table of their pointers and of the run's index past each one's
+    last value, its length, index type and grid. The blocks must outlive it."""
+
+    view: object  # the first block (its dtype names the kernel)
+    pointers: object
+    ends: object
+    n: object
+    index64: bool
+    grid: int
+
+
+def run_of(blocks) -> list:
+    """The launches that read CuPy ``blocks`` (of one device and dtype) in a pass: the
+    contiguous ones (C or Fortran order, or any order without gaps: a pass does not care in
+    which order it reads the values) as one :class:`Run`, one launch where a launch per block
+    costs the host and the device a launch's fixed work each; the others' :func:`walks`."""
+    cp = cuda.cupy()
+    blocks = [b for b in blocks if b.size]
+    dense = [b for b in blocks if _dense(b)]
+    rest = [w for b in blocks if not _dense(b) for w in walks(b)]
+    if len(dense) < 2:
+        return [w for b in dense for w in walks(b)] + rest
+    ends = np.cumsum([b.size for b in dense], dtype=np.int64)
+    n = int(ends[-1])
+    grid = max(1, min(-(-n // (_THREADS * _UNROLL)), _grid_limit(cp)))
+    index64 = n + grid * _THREADS * _UNROLL > layout.INT32_MAX
+    i = np.int64 if index64 else np.int32
+    starts = [_first_element(b) for b in dense]
+    return [Run(dense[0], cp.asarray(np.array(starts, dtype=np.uint64)), cp.asarray(ends.astype(i)),
+                i(n), index64, grid)] + rest
+
+
+def _dense(block) -> bool:
+    """Whether ``block``'s elements fill a run of memory without gaps (walked in memory order,
+    it collapses to one axis of unit stride)."""
+    plan = layout.plan_pointwise(block)
+    return not plan.shape or (len(plan.shape) == 1 and abs(plan.strides[0][0]) == 1)
+
+
+def _first_element(block) -> int:
+    """The address of the lowest element of a contiguous block (its first in memory, whatever
+    the signs of its strides)."""
+    offset = sum(min(0, s) * (n - 1) for s, n in zip(block.strides, block.shape))
+    return block.data.ptr + offset
+
+
 def launch(block_walks, row, scratch, p) -> None:
     """Launch the pass kernel over a block's :func:`walks`, accumulating into the 1-D device
     ``row``; ``p`` are parameters from :func:`resolve`."""
@@ -454,13 +502,18 @@ def launch(block_walks, row, scratch, p) -> None:
                       k(ahi), k(blo), k(bhi), np.float64(p["center"]), np.float64(p["scale"]),
                       np.int32(p["moments"]))
     shared = 4 * ((nbins + 1) // 2)
+    extremes = "true" if p["extremes"] else "false"
     for walk in block_walks:
-        kernel = _pass_kernel(f"ksc_pass<{cuda.cuda_type(dtype)}, "
-                              f"{'long long' if walk.index64 else 'int'}, {walk.ndim}, "
-                              f"{'true' if p['extremes'] else 'false'}>")
+        index = "long long" if walk.index64 else "int"
+        if isinstance(walk, Run):
+            kernel = _pass_kernel(f"ksc_pass_blocks<{cuda.cuda_type(dtype)}, {index}, {extremes}>")
+            args = (walk.pointers, walk.ends, walk.n)
+        else:
+            kernel = _pass_kernel(f"ksc_pass<{cuda.cuda_type(dtype)}, {index}, {walk.ndim}, "
+                                  f"{extremes}>")
+            args = (walk.view, *walk.scalars)
         kernel((walk.grid,), (_THREADS,),
-               (walk.view, row, scratch.partials, scratch.done, *walk.scalars, *keys_and_flags),
-               shared_mem=shared)
+               (*args, row, scratch.partials, scratch.done, *keys_and_flags), shared_mem=shared)
 
 
 def _pass_kernel(expression):
@@ -578,6 +631,9 @@ SPEC = KernelSpec(
         "ksc_pass<unsigned char, int, 1, true>",
         "ksc_pass<long long, long long, 2, true>",
         "ksc_pass<unsigned long long, int, 3, false>",
+        "ksc_pass_blocks<float, int, false>",
+        "ksc_pass_blocks<double, long long, true>",
+        "ksc_pass_blocks<unsigned short, int, false>",
         "ksc_select",
     ),
     dtypes=GPU_DTYPES,

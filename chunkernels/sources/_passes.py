@@ -340,10 +340,13 @@ class DevicePasses:
         self.dtype = blocks[0].dtype
         self.passes = 0
         devices = sorted({b.device.id for b in self.blocks}) or [cp.cuda.runtime.getDevice()]
-        self.walks = []
+        self.walks = []  # per device, the launches of a pass: its contiguous blocks in one
+        by_device = {}
         for b in self.blocks:
-            with b.device:
-                self.walks.append((b.device.id, ksc.walks(b)))
+            by_device.setdefault(b.device.id, []).append(b)
+        for d, on_device in by_device.items():
+            with cp.cuda.Device(d):
+                self.walks.append((d, ksc.run_of(on_device)))
         self.nbins = min(ksc.bins_cap(d) for d in devices)
         self.rows = {}
         for d in devices:

@@ -243,6 +243,43 @@ def test_blocks_of_one_device_accumulate_into_one_row():
     cp.cuda.Device().synchronize()
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int16"])
+def test_contiguous_blocks_of_one_device_take_one_launch(dtype):
+    """Contiguous blocks (C, Fortran, reversed, a single value) are read by one launch per
+    pass, as one run of values; other views by their own: the same counts, histograms and
+    extremes as the values taken together, sums to rounding."""
+    cp = pytest.importorskip("cupy")
+    import dask.array as da
+
+    from chunkernels.sources._passes import DevicePasses
+
+    rng = np.random.default_rng(9)
+    x = sky(rng, (300, 257), dtype)
+    x[:200, :100] = x.flat[0]  # 20000 equal values: one bin, spilled at every 16384
+    blocks = [cp.asarray(x[:100]), cp.asarray(x[100:180], order="F"),
+              cp.asarray(x[180:250])[::-1, ::-1], cp.asarray(x[250:251, :1]),
+              cp.asarray(x[250:])[:, 1:], cp.asarray(x[:0])]
+    values = np.concatenate([b.get().ravel() for b in blocks])
+    run = DevicePasses(blocks)
+    (_, launches), = run.walks
+    assert [type(w).__name__ for w in launches] == ["Run", "Walk"]
+    assert launches[0].n == 100 * 257 + 80 * 257 + 70 * 257 + 1
+    for params in _pass_params(dtype, rng):
+        expected = ksc.reference(values, **ksc.validate(1, **params))
+        got = run(**params)
+        keep = [ksc.COUNT, ksc.NANS, ksc.NA, ksc.AMAX, ksc.NB, ksc.BMIN]
+        np.testing.assert_array_equal(got[keep], expected[keep], err_msg=str(params))
+        if "max_in" not in params:
+            np.testing.assert_array_equal(got[ksc.SEL:], expected[ksc.SEL:], err_msg=str(params))
+        np.testing.assert_allclose(got[[ksc.SUM, ksc.SUMSQ]], expected[[ksc.SUM, ksc.SUMSQ]],
+                                   rtol=1e-12, atol=1e-9)
+    result = kappa_sigma_clip(da.concatenate([da.from_array(b.ravel(), chunks=b.size,
+                                                            asarray=False)
+                                              for b in blocks if b.size]), 3.0)
+    assert _same_values(result, clip_reference(values))
+
+
 def test_pass_parameters_are_checked():
     x = np.zeros((4, 4), np.float32)
     with pytest.raises(ValueError, match=r"window=\(1,\); expected 2 non-negative integers"):
