@@ -314,7 +314,10 @@ def blocks_then_combine(label: str, x, others: Sequence, block_task: Callable,
     ``block_task(origin, x_block, *other_blocks)`` runs on every block (``others`` are chunked
     like ``x``), ``origin`` being the block's global coordinates; ``combine_task(list)`` gets
     their results in block order and returns the single block of the result (``chunks``: one
-    chunk per axis).
+    chunk per axis). Where one task takes many blocks (a GPU worker's), a ``block_task`` with a
+    ``many(origins, blocks)`` method (``blocks``: each block's tuple of arrays) does their work
+    at once, returning a result per block, which ``combine_task`` must take as it takes
+    ``block_task``'s: the work of several blocks may be folded into one of them.
     """
     name = f"{label}-{tokenize(x, *others, token)}"
     starts = [np.cumsum((0,) + c[:-1]).tolist() for c in x.chunks]
@@ -366,9 +369,13 @@ def _worker_groups_of(arrays) -> list[list[tuple]] | None:
 
 def _each_block(block_task, origins, per_block, *blocks) -> list:
     """``block_task(origin, *its blocks)`` for each of a worker's blocks (``per_block`` arrays
-    each, one after the other in ``blocks``)."""
-    return [block_task(origin, *blocks[b * per_block:(b + 1) * per_block])
-            for b, origin in enumerate(origins)]
+    each, one after the other in ``blocks``), or ``block_task.many`` of them all where it has
+    one (see :func:`blocks_then_combine`)."""
+    each = [blocks[b * per_block:(b + 1) * per_block] for b in range(len(origins))]
+    many = getattr(block_task, "many", None)
+    if many is not None:
+        return many(origins, each)
+    return [block_task(origin, *arrays) for origin, arrays in zip(origins, each)]
 
 
 def _each_block_then(combine_task, block_task, origins, per_block, *blocks):
@@ -386,21 +393,26 @@ def _combine_in_block_order(combine_task, positions, *groups):
     return combine_task(results)
 
 
-def of_single_block(fn: Callable, a, shape: tuple, dtype, meta):
-    """A Dask array of one block, ``fn`` of the single block of Dask array ``a``."""
-    name = f"{getattr(fn, 'func', fn).__name__.strip('_')}-{tokenize(fn, a)}"
+def of_single_block(fn: Callable, a, shape: tuple, dtype, meta, token=None):
+    """A Dask array of one block, ``fn`` of the single block of Dask array ``a``. ``token``, when
+    given, stands for ``fn`` in the array's name: what determines it, cheaper to tokenize than
+    ``fn`` (whose state Dask's tokenize pickles)."""
+    name = (f"{getattr(fn, 'func', fn).__name__.strip('_')}-"
+            f"{tokenize(fn if token is None else token, a)}")
     tasks = Tasks()
     tasks.add((name, *(0,) * len(shape)), fn, tasks.block(a, (0,) * a.ndim))
     return tasks.array(name, tuple((n,) for n in shape), dtype, meta)
 
 
-def delayed_of_single_block(fn: Callable, a):
+def delayed_of_single_block(fn: Callable, a, token=None):
     """A Dask Delayed of one task, ``fn`` of the single block of Dask array ``a``: what a task
-    returns that is no array (a dict of columns), computed without a finalize task."""
+    returns that is no array (a dict of columns), computed without a finalize task. ``token``
+    as :func:`of_single_block` takes it."""
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
 
-    name = f"{getattr(fn, 'func', fn).__name__.strip('_')}-{tokenize(fn, a)}"
+    name = (f"{getattr(fn, 'func', fn).__name__.strip('_')}-"
+            f"{tokenize(fn if token is None else token, a)}")
     tasks = Tasks()
     tasks.add(name, fn, tasks.block(a, (0,) * a.ndim))
     return Delayed(name, HighLevelGraph.from_collections(name, tasks.graph,

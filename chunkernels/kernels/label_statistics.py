@@ -375,10 +375,17 @@ _PASS2 = ("m2", "min_position", "max_position")
 
 def dispatch(x, labels, *, stats, select="labels", index=None, origin=None, shape=None, rank=None):
     """GPU statistics of one block: one row for every slot (present in the block or not), so
-    nothing is read back; ``select='labels'`` first reads back the labels the block holds."""
+    nothing is read back; ``select='labels'`` first reads back the range of labels the block
+    holds (:func:`_found_rows`), or the labels themselves where the range is too wide."""
     cp = cuda.cupy()
     x, labels = _device_view(x), _device_view(cp.broadcast_to(labels, x.shape))
     lay = Layout.of(stats, x.ndim)
+    origin = (0,) * x.ndim if origin is None else tuple(origin)
+    shape = x.shape if shape is None else tuple(shape)
+    if select == "labels" and x.size:
+        rows = _found_rows(cp, [(x, labels, origin)], lay, shape)
+        if rows is not None:
+            return rows
     found = None
     if select == "labels":
         found = cp.unique(labels[labels > 0]).get()
@@ -386,14 +393,103 @@ def dispatch(x, labels, *, stats, select="labels", index=None, origin=None, shap
     if select == "index":
         index = checked_keys(index, labels.dtype)
     n = slot_count(select, index)
-    origin = (0,) * x.ndim if origin is None else tuple(origin)
-    shape = x.shape if shape is None else tuple(shape)
     if x.size == 0 or n == 0:
         rows = empty_rows(cp, n, lay)
     else:
         rows = _view_rows(cp, x, labels, lay, _slot_map(cp, select, index), n, origin, shape)
     if found is not None:
         rows[:, lay.key] = cp.asarray(found, dtype=np.float64)
+    return rows
+
+
+def dispatch_many(views, *, stats, select="labels", index=None, origin=None, shape=None,
+                  rank=None):
+    """GPU statistics of several blocks of one device at once: ``views`` are ``(x, labels,
+    origin)`` of blocks that :func:`shares_accumulators` says may share them. One set of
+    accumulators takes every block's launches, and one rows kernel reads them: the rows of the
+    blocks together, as :func:`finalize` would combine the blocks' own (``select='labels'``:
+    those of the labels present). A task that measures many blocks then costs the host a few
+    launches a block, not a table's making and a read-back each. None where the found labels'
+    range is too wide to hold as slots (the caller then takes the blocks one by one).
+    ``origin``, the parameters' own for one block, is not used: each view has its own."""
+    cp = cuda.cupy()
+    views = [(_device_view(x), _device_view(cp.broadcast_to(lab, x.shape)), tuple(origin))
+             for x, lab, origin in views]
+    x0, labels0, _ = views[0]
+    lay = Layout.of(stats, x0.ndim)
+    shape = x0.shape if shape is None else tuple(shape)
+    if select == "labels":
+        return _found_rows(cp, views, lay, shape)
+    if select == "index":
+        index = checked_keys(index, labels0.dtype)
+    n = slot_count(select, index)
+    if n == 0:
+        return empty_rows(cp, 0, lay)
+    return _rows_of_views(cp, views, _walked(x0), lay, _slot_map(cp, select, index), n, shape)
+
+
+def shares_accumulators(x, labels, like=None) -> bool:
+    """Whether CuPy block ``x`` (labels ``labels``) can join :func:`dispatch_many` with the
+    block ``like`` (``(x, labels)``, None: the first of a group): on the same device, of the same
+    dtypes, walked along every axis (none of length 1: those the rows fill per block) in the
+    same memory order, with no more axes than one launch walks."""
+    if not (cuda.is_cupy_array(x) and cuda.is_cupy_array(labels)) or x.size == 0:
+        return False
+    walked = _walked(x)
+    if len(walked) != x.ndim or len(walked) > _MAX_WALKED:
+        return False
+    if like is None:
+        return True
+    other, other_labels = like
+    return (x.device.id == other.device.id and x.dtype == other.dtype
+            and labels.dtype == other_labels.dtype and walked == _walked(other))
+
+
+def _walked(x) -> list[int]:
+    """The axes a launch walks over ``x``, outermost in memory first (those longer than 1)."""
+    return [a for a in layout.memory_order(x.shape, x.strides) if x.shape[a] > 1]
+
+
+#: A range of found labels this wide is always taken as slots by :func:`_found_rows`; a wider
+#: one while its slots (accumulators and rows, 16 bytes a column) weigh no more than the labels.
+_RANGE_FLOOR = 1 << 20
+
+
+def _found_rows(cp, views, lay, shape):
+    """The rows of the labels > 0 present in ``views`` (``(x, labels, origin)``, sharing a walk
+    when several): one read-back of the smallest and largest, every label between them a slot
+    (a range map: no sort, no table on the host), then the slots that counted none dropped.
+    None for float labels, or a range wider than the labels' own bytes allow (their slots would
+    outweigh the data): the caller then finds the labels themselves (``cupy.unique``)."""
+    labels = [lab for _, lab, _ in views]
+    if labels[0].dtype.kind == "f":
+        return None
+    wide = np.uint64 if labels[0].dtype.kind == "u" else np.int64
+    ends = []
+    for lab in labels:
+        top = np.iinfo(lab.dtype).max
+        ends += [cp.where(lab > 0, lab, lab.dtype.type(top)).min().astype(wide),
+                 lab.max().astype(wide)]
+    ends = cp.stack(ends).get().reshape(-1, 2)
+    present = ends[:, 1] > 0
+    if not present.any():
+        return empty_rows(cp, 0, lay)
+    lo, hi = int(ends[present, 0].min()), int(ends[present, 1].max())
+    span = hi - lo + 1
+    work = Layout.of(normalise_stats((*lay.stats, "count")), lay.ndim)
+    weight = sum(lab.size * lab.itemsize for lab in labels)
+    if span > layout.INT32_MAX or (span > _RANGE_FLOOR and span * work.ncols * 16 > weight):
+        return None
+    smap = _SlotMap(_MAP["range"], lo, span)
+    if len(views) == 1:
+        x, lab, origin = views[0]
+        rows = _view_rows(cp, x, lab, work, smap, span, origin, shape)
+    else:
+        rows = _rows_of_views(cp, views, _walked(views[0][0]), work, smap, span, shape)
+    rows[:, work.key] = cp.arange(span, dtype=np.float64) + float(lo)
+    rows = rows[rows[:, work.count] > 0]
+    if work is not lay:  # count was added to find the labels present: its column goes
+        rows = rows[:, [c for c in range(work.ncols) if c != work.count]]
     return rows
 
 
@@ -432,7 +528,7 @@ def _view_rows(cp, x, labels, lay, smap, n, origin, shape):
     """Rows of ``n`` slots for the view ``x`` (labels alike) whose first element sits at global
     coordinate ``origin`` of an array of ``shape``. Views of more than four non-size-1 axes are
     cut along their outermost axis and the parts' rows combined."""
-    walked = [a for a in layout.memory_order(x.shape, x.strides) if x.shape[a] > 1]
+    walked = _walked(x)
     if len(walked) > _MAX_WALKED:
         a0 = walked[0]
         rows = None
@@ -442,15 +538,31 @@ def _view_rows(cp, x, labels, lay, smap, n, origin, shape):
                               n, origin[:a0] + (origin[a0] + i,) + origin[a0 + 1:], shape)
             rows = part if rows is None else combine(rows, part, lay)
         return rows
-    acc = _Accumulators(cp, n, lay, x.dtype, max(len(walked), 1))
-    walk = _walk_args(x, labels, walked, origin, shape, smap)
-    grid = _grid(cp, int(np.prod([x.shape[a] for a in walked], dtype=np.int64)))
-    types = (cuda.cuda_type(x.dtype), cuda.cuda_type(labels.dtype), walk.index_type,
-             acc.ndim, smap.code)
+    rows = _rows_of_views(cp, [(x, labels, origin)], walked, lay, smap, n, shape)
+    _fill_constant_axes(cp, rows, lay, [a for a in range(x.ndim) if a not in walked], origin)
+    return rows
+
+
+def _rows_of_views(cp, views, walked, lay, smap, n, shape):
+    """Rows of ``n`` slots accumulated over ``views`` (``(x, labels, origin)``, walking the axes
+    ``walked``, at most four, alike): each pass kernel is launched once per view into the same
+    accumulators, and one rows kernel reads them. The columns of axes not walked are left to
+    the caller (:func:`_fill_constant_axes`)."""
+    x0, labels0, _ = views[0]
+    acc = _Accumulators(cp, n, lay, x0.dtype, max(len(walked), 1))
+    launches = []
+    for x, labels, origin in views:
+        walk = _walk_args(x, labels, walked, origin, shape, smap)
+        grid = _grid(cp, int(np.prod([x.shape[a] for a in walked], dtype=np.int64)))
+        launches.append((walk, grid))
     for kernel, names, args in (("label_stats_pass1", _PASS1, acc.pass1()),
                                 ("label_stats_pass2", _PASS2, acc.pass2())):
         flags = sum(_FLAGS[name] for name in names if name in lay.stats)
-        if flags:
+        if not flags:
+            continue
+        for walk, grid in launches:
+            types = (cuda.cuda_type(x0.dtype), cuda.cuda_type(labels0.dtype), walk.index_type,
+                     acc.ndim, smap.code)
             expr = f"{kernel}<{', '.join(map(str, types))}, {flags}u>"
             cuda.function("label_statistics", expr)((grid,), (_THREADS,), (*walk.args, *args))
     rows = cp.empty((n, lay.ncols))
@@ -460,12 +572,11 @@ def _view_rows(cp, x, labels, lay, smap, n, origin, shape):
                for c in ("key", "count", "sum", "m2", "min", "max", "min_position",
                          "max_position")]
     axes = (walked + [0] * _MAX_WALKED)[:_MAX_WALKED]
-    expr = f"label_stats_rows<{cuda.cuda_type(x.dtype)}, {acc.ndim}>"
+    expr = f"label_stats_rows<{cuda.cuda_type(x0.dtype)}, {acc.ndim}>"
     cuda.function("label_statistics", expr)(
         (max(1, min(-(-n // _THREADS), 65535)),), (_THREADS,),
         (np.int32(n), np.int32(lay.ncols), rows, *acc.results(),
          *map(np.int32, columns + per_axis + axes)))
-    _fill_constant_axes(cp, rows, lay, [a for a in range(x.ndim) if a not in walked], origin)
     return rows
 
 
@@ -577,10 +688,59 @@ def as_dask_operand(a, x):
     return a.rechunk(x.chunks) if a.chunks != x.chunks else a
 
 
-def _block_rows(params, strict, origin, x, labels):
-    from chunkernels._dispatch import run_block
+class _BlockRows:
+    """The block task of :func:`dask_graph`: ``(origin, x, labels) -> rows`` of one block (CPU
+    or GPU, :func:`~chunkernels._dispatch.run_block`), and :meth:`many` for the blocks of one
+    task on a GPU worker."""
 
-    return run_block(SPEC, x, (labels,), {**params, "origin": origin}, strict=strict)
+    def __init__(self, params, strict):
+        self.params, self.strict = params, strict
+
+    def __call__(self, origin, x, labels):
+        from chunkernels._dispatch import run_block
+
+        return run_block(SPEC, x, (labels,), {**self.params, "origin": origin},
+                         strict=self.strict)
+
+    def many(self, origins, blocks) -> list:
+        """The rows of each of ``blocks`` (``(x, labels)`` pairs at ``origins``), CuPy blocks
+        that can share accumulators measured together (:func:`dispatch_many`): their rows are
+        folded into the first of them, the others' are empty, which :func:`finalize` combines
+        alike. The rest (NumPy blocks, blocks the GPU path refuses, views of their own layout)
+        one by one."""
+        cp = None
+        groups = []
+        for b, (x, labels) in enumerate(blocks):
+            if not (shares_accumulators(x, labels)
+                    and SPEC.check_block(x, labels, **self.params)[0]):
+                continue
+            cp = cuda.cupy()
+            for group in groups:
+                if shares_accumulators(x, labels, blocks[group[0]]):
+                    group.append(b)
+                    break
+            else:
+                groups.append([b])
+        results = [None] * len(blocks)
+        for group in groups:
+            if len(group) < 2:
+                continue
+            with blocks[group[0]][0].device:
+                try:
+                    rows = dispatch_many([(*blocks[b], origins[b]) for b in group], **self.params)
+                except MemoryError:  # the blocks one by one, each with run_block's own error
+                    rows = None
+                if rows is None:
+                    continue
+                results[group[0]] = rows
+                for b in group[1:]:
+                    results[b] = cp.empty((0, rows.shape[1]))
+        return [self(origins[b], *blocks[b]) if r is None else r for b, r in enumerate(results)]
+
+    def __dask_tokenize__(self):
+        from chunkernels._graph import tokenize
+
+        return ("label_statistics-block-rows", tokenize(self.params, self.strict))
 
 
 def _combine_rows(params, dtypes, partials):
@@ -602,7 +762,7 @@ def dask_graph(x, labels, *, strict=False, stats, select="labels", index=None, o
     lay = Layout.of(stats, x.ndim)
     n = slot_count(select, index)
     return blocks_then_combine(
-        "label_statistics", x, [labels], functools.partial(_block_rows, params, strict),
+        "label_statistics", x, [labels], _BlockRows(params, strict),
         functools.partial(_combine_rows, params, (x.dtype, labels.dtype)),
         token=(params, strict), chunks=((math.nan if n is None else n,), (lay.ncols,)),
         dtype=np.float64, meta=cuda.array_module(x).empty((0, 0)))

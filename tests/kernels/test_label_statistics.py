@@ -252,3 +252,116 @@ def test_gpu_64_bit_walk():
     assert row[lay.count] == n and row[lay.sum] == 14
     assert row[lay.max] == 7 and row[lay.max_position] == 5
     assert row[lay.bbox_hi] == n - 1
+
+
+def _blocks(x, labels, cuts):
+    """``(origins, [(x block, labels block)])`` of ``x`` cut at ``cuts`` (per axis, the
+    starts), in block order."""
+    import itertools
+
+    edges = [list(c) + [n] for c, n in zip(cuts, x.shape)]
+    origins, blocks = [], []
+    for index in itertools.product(*(range(len(e) - 1) for e in edges)):
+        cut = tuple(slice(e[i], e[i + 1]) for e, i in zip(edges, index))
+        origins.append(tuple(e[i] for e, i in zip(edges, index)))
+        blocks.append((x[cut], labels[cut]))
+    return origins, blocks
+
+
+def _many_table(params, origins, blocks):
+    rows_of = label_statistics._BlockRows(params, strict=True)
+    parts = rows_of.many(origins, blocks)
+    assert len(parts) == len(blocks)
+    xp = chunkernels.cuda.array_module(parts[0])
+    dtypes = (blocks[0][0].dtype, blocks[0][1].dtype)
+    return label_statistics.finalize(xp.concatenate([xp.asarray(p) for p in parts]), dtypes,
+                                     **params)
+
+
+@pytest.mark.parametrize("select,kind", SELECTS)
+def test_many_blocks_on_the_cpu_are_each_blocks(select, kind):
+    """NumPy blocks of one task: each block's rows, as the block task gives them."""
+    rng = np.random.default_rng(21)
+    x = random_array(rng, (40, 33), "float32")
+    labels, n = label_image(rng, x.shape)
+    params = label_statistics.validate(2, stats=EVERY, select=select, index=_index(kind, n),
+                                       shape=x.shape)
+    origins, blocks = _blocks(x, labels, [(0, 13, 26), (0, 10)])
+    parts = label_statistics._BlockRows(params, False).many(origins, blocks)
+    for origin, (bx, bl), part in zip(origins, blocks, parts):
+        np.testing.assert_array_equal(
+            part, label_statistics._BlockRows(params, False)(origin, bx, bl))
+    assert_tables(_many_table(params, origins, blocks), brute_force(x, labels, select,
+                                                                    _index(kind, n)))
+
+
+def _gpu_many_cases(rng):
+    """(name, x, labels, cuts, layout) of blocks a GPU worker's task measures together."""
+    x = random_array(rng, (64, 50), "float32")
+    labels, _ = label_image(rng, x.shape)
+    yield "even", x, labels, [(0, 16, 32, 48), (0, 25)]
+    yield "uneven, a size-1 edge", x, labels, [(0, 21, 42, 63), (0, 17, 34)]  # rows 63: size 1
+    yield "one block", x, labels, [(0,), (0,)]
+    yield "blocks smaller than the labels", x, labels, [tuple(range(0, 64, 5)), tuple(range(0, 50, 7))]
+    yield "int64 labels, 3-d", random_array(rng, (12, 10, 9), "float64"), \
+        label_image(rng, (12, 10, 9))[0].astype(np.int64), [(0, 6), (0, 5), (0, 4)]
+    yield "uint16 image, bool labels", random_array(rng, (30, 20), "uint16"), \
+        rng.random((30, 20)) > 0.5, [(0, 10, 20), (0, 10)]
+    wide = labels.astype(np.int64)
+    wide[wide == 2] = 10**12  # the range of found labels too wide to hold as slots
+    yield "a wide range of labels", x, wide, [(0, 32), (0, 25)]
+    yield "float labels", x, labels.astype(np.float32), [(0, 32), (0, 25)]
+    yield "no labels", x, np.zeros(x.shape, np.int32), [(0, 32), (0, 25)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("select,kind", SELECTS)
+@pytest.mark.parametrize("order", ["C", "F", "mixed", "reversed"])
+def test_gpu_many_blocks_share_accumulators(select, kind, order):
+    """A GPU worker's blocks measured together (one set of accumulators for the blocks of one
+    layout) give the table of the whole array, in every layout and slot map."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(22)
+    for name, x, labels, cuts in _gpu_many_cases(rng):
+        n = int(np.unique(labels[labels > 0]).size)  # the wide case's are not 1..n
+        index = _index(kind, n)
+        if index is not None and labels.dtype == bool:  # boolean labels are 0 or 1
+            index = index[index <= 1]
+        expected = brute_force(x, labels, select, index)
+        params = label_statistics.validate(x.ndim, stats=EVERY, select=select, index=index,
+                                           shape=x.shape)
+        origins, blocks = _blocks(x, labels, cuts)
+        on_gpu = []
+        for b, (bx, bl) in enumerate(blocks):
+            fortran = order == "F" or (order == "mixed" and b % 2)
+            if order == "reversed":  # negative strides: the same values read backwards
+                gx = cp.asarray(np.ascontiguousarray(bx[::-1, ::-1]))[::-1, ::-1]
+                gl = cp.asarray(np.ascontiguousarray(bl[::-1, ::-1]))[::-1, ::-1]
+            else:
+                as_order = np.asfortranarray if fortran else np.ascontiguousarray
+                gx, gl = cp.asarray(as_order(bx)), cp.asarray(as_order(bl))
+            on_gpu.append((gx, gl))
+        assert_tables(_many_table(params, origins, on_gpu), expected, f"{name} {order}")
+
+
+@pytest.mark.gpu
+def test_gpu_found_labels_as_a_range_or_found_one_by_one(monkeypatch):
+    """select='labels' takes the found labels' range as slots, or finds them with
+    cupy.unique where the range would outweigh the labels: the same table either way."""
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(23)
+    x = random_array(rng, (50, 40), "float64")
+    labels, _ = label_image(rng, x.shape)
+    params = label_statistics.validate(2, stats=("sum", "com"), select="labels")
+    expected = label_statistics.reference(x, labels, **params)
+    gx, gl = cp.asarray(x), cp.asarray(labels)
+    calls = []
+    unique = cp.unique
+    monkeypatch.setattr(cp, "unique", lambda a, *args, **kw: calls.append(a.size) or unique(a, *args, **kw))
+    assert_tables(label_statistics.dispatch(gx, gl, **params), expected, "range")
+    assert not calls  # without count asked for, its column was added, then dropped
+    monkeypatch.setattr(label_statistics, "_RANGE_FLOOR", 0)
+    sparse = labels.astype(np.int64) * 10**6  # a range of 10**6 slots a label: too wide
+    expected = label_statistics.reference(x, sparse, **params)
+    assert_tables(label_statistics.dispatch(gx, cp.asarray(sparse), **params), expected, "unique")
+    assert calls
