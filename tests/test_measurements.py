@@ -746,15 +746,18 @@ def test_measure_dask_columns_compute_in_one_task(backend, index):
                             as_frame=False)
     each = dict(zip(table, dask.compute(*table.values())))
     together = table.compute()
-    assert list(together) == list(table)
+    on_host = table.compute(host=True)
+    assert list(together) == list(table) == list(on_host)
     for key in table:
         assert type(together[key]) is type(each[key])
+        assert type(on_host[key]) is np.ndarray and on_host[key].dtype == each[key].dtype
         np.testing.assert_array_equal(host(together[key]), host(each[key]), err_msg=key)
+        np.testing.assert_array_equal(on_host[key], host(each[key]), err_msg=key)
     # the table's graph plus one task, against a task per column and its finalize
     from chunkernels import _graph
     from chunkernels.ndimage._measurements import _all_columns
 
-    one = _graph.delayed_of_single_block(functools.partial(_all_columns, table._fns),
+    one = _graph.delayed_of_single_block(functools.partial(_all_columns, table._fns, False),
                                          table._table)
     table_tasks = len(table._table.__dask_graph__())
     assert len(one.__dask_graph__()) == table_tasks + 1
@@ -765,6 +768,18 @@ def test_measure_dask_columns_compute_in_one_task(backend, index):
     again = pickle.loads(pickle.dumps(table))
     np.testing.assert_array_equal(host(again.compute()["sum"]), host(each["sum"]))
     assert len(list(flatten(next(iter(table.values())).__dask_keys__()))) == 1
+    # the columns' names: one per column, the same for the same query, apart for another index
+    names = [c.name for c in table.values()]
+    assert len(set(names)) == len(names)
+    same = ndimage.measure(on(backend, x, (10, 9)), on(backend, labels, (10, 9)), index, props,
+                           as_frame=False)
+    assert [c.name for c in same.values()] == names
+    other = ndimage.measure(on(backend, x, (10, 9)), on(backend, labels, (10, 9)), [1, 3, 99],
+                            props, as_frame=False)
+    assert index is not None or other["label"].name != table["label"].name
+    if index is not None:  # the same table (one sorted index), other columns: other names
+        assert other._table.name == table._table.name
+        assert other["label"].name != table["label"].name
 
 
 def test_measure_frames(monkeypatch):
