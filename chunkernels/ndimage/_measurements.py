@@ -1205,8 +1205,9 @@ def measure(input, labels, index=None,
         ``bbox-0`` ... ``bbox-{2*ndim-1}``, the starts then the stops), as
         ``skimage.measure.regionprops_table`` names them. Columns of NumPy / CuPy / Dask arrays
         follow the input; Dask columns share one graph, with unknown length when ``index`` is
-        ``None``: the dict's ``compute()`` computes them all in one task
-        (``dask.compute(*table.values())`` too, with two tasks a column).
+        ``None``: the dict's ``compute()`` computes them all in one task, ``compute(host=True)``
+        as NumPy arrays whatever the chunks (``dask.compute(*table.values())`` too, with two
+        tasks a column).
 
     Raises
     ------
