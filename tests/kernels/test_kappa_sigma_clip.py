@@ -203,6 +203,27 @@ def test_select_finds_the_bins_of_ranks():
     assert tuple(row[ksc.SEL:ksc.SEL + 6]) == (-1, 0, 0, 1, 0, 3)
 
 
+@pytest.mark.parametrize("size", [1, 5, 1023, 1024, 1025, 4097, 65535, 65536])
+@pytest.mark.parametrize("density", [0.0, 0.001, 0.3, 1.0])
+def test_select_searches_runs_of_bins_as_one_running_sum(size, density):
+    """The two-level search (runs of bins, then the bin) finds what one running sum over every
+    bin finds: the bin of each rank, the values before it and in it."""
+    rng = np.random.default_rng(size)
+    hist = (rng.integers(0, 50, size) * (rng.random(size) < density)).astype(np.float64)
+    total = int(hist.sum())
+    cum = np.cumsum(hist)
+    for ranks in (None, (0, 0), (0, max(total - 1, 0)), (total // 3, total // 2), (total, 0)):
+        head = np.zeros(ksc.HEAD)
+        head[ksc.COUNT] = total
+        expected = [-1, 0, 0, -1, 0, 0]
+        for j, rank in enumerate(ksc._ranks(ranks, total)):
+            if rank is not None and rank < total:
+                b = int(np.searchsorted(cum, rank, side="right"))
+                expected[3 * j:3 * j + 3] = (b, cum[b] - hist[b], hist[b])
+        got = ksc.select_bins(head, hist, ranks)[ksc.SEL:ksc.SEL + 6]
+        assert list(got) == expected, (ranks, list(got), expected)
+
+
 @pytest.mark.gpu
 def test_select_kernel_matches_numpy():
     cp = pytest.importorskip("cupy")
