@@ -465,8 +465,9 @@ def run_of(blocks) -> list:
     costs the host and the device a launch's fixed work each; the others' :func:`walks`."""
     cp = cuda.cupy()
     blocks = [b for b in blocks if b.size]
-    dense = [b for b in blocks if _dense(b)]
-    rest = [w for b in blocks if not _dense(b) for w in walks(b)]
+    is_dense = [_dense(b) for b in blocks]
+    dense = [b for b, d in zip(blocks, is_dense) if d]
+    rest = [w for b, d in zip(blocks, is_dense) if not d for w in walks(b)]
     if len(dense) < 2:
         return [w for b in dense for w in walks(b)] + rest
     ends = np.cumsum([b.size for b in dense], dtype=np.int64)

@@ -123,13 +123,17 @@ async def _run(passes, fn, *args, **kwargs):
 def _trim(histogram):
     """``(offset, bins)``: the histogram's bins from its first non-empty one to its last, as
     uint32 counts where they fit (a pass's reply stays small)."""
-    filled = np.flatnonzero(histogram)
-    if filled.size == 0:
+    filled = histogram != 0
+    if not filled.any():
         return 0, np.zeros(0, np.uint32)
-    part = histogram[filled[0]:filled[-1] + 1]
+    # the first and last non-empty bins (argmax of booleans stops at the first True): a
+    # quarter of the time np.flatnonzero takes over 65536 bins, once a pass on every worker
+    first = int(filled.argmax())
+    last = histogram.size - 1 - int(filled[::-1].argmax())
+    part = histogram[first:last + 1]
     if part.max() < 2**32:
         part = part.astype(np.uint32)
-    return int(filled[0]), part
+    return first, part
 
 
 # -- the client side ------------------------------------------------------------------------------
