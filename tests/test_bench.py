@@ -123,8 +123,43 @@ def test_demo_on_cpu_workers_beside_photutils_and_sep(tmp_path, capsys):
         min(photutils["seconds"], sep["seconds"]) / row["seconds"])
     md = (tmp_path / "demo.md").read_text()
     assert md.startswith("### demo\n") and "| chunkernels on 1 CPU worker(s) | 4 | " in md
+    assert set(row["breakdown"]) == set(row["steps"])
+    assert "| chunkernels on 1 CPU worker(s) | measure | " in md
     assert "| photutils | sigma_clipped_stats " in md and "| sep | Background " in md
     assert md.strip() in out
+
+
+def test_demo_breakdown_says_where_a_steps_time_goes():
+    """One more run under the task stream: per step, its tasks and their time, the busiest
+    worker's share, the transfers, and the wall time outside the tasks; κσ clipping on a
+    cluster runs in actors, not tasks."""
+    from chunkernels import cluster
+    from chunkernels.bench import demo
+
+    with cluster.client(gpus=0, processes=True, n_workers=2, threads=1,
+                        dashboard_address=None) as client:
+        image = demo._sky((256, 256), (64, 64), False, client)
+        demo._pipeline(image, client)  # as the benchmark: after runs (κσ's actors made)
+        steps = demo._breakdown(image, client)
+    assert list(steps) == list(demo.STEPS)
+    for name, b in steps.items():
+        assert b["wall"] > 0 and b["busiest"] <= b["task_time"] + 1e-9, (name, b)
+        assert b["outside"] == pytest.approx(max(0.0, b["wall"] - b["busiest"]))
+        assert b["busiest"] <= b["wall"] + 0.05, (name, b)  # clocks of one machine
+    clip, labelling, measuring = (steps[n] for n in demo.STEPS)
+    assert clip["tasks"] == 0 and clip["outside"] == pytest.approx(clip["wall"])
+    assert labelling["tasks"] >= 16 and measuring["tasks"] >= 2  # a pick a chunk, and more
+    assert demo._breakdown(image, None) is None
+    report = {"shape": [256, 256], "chunk": [64, 64], "seed": 0, "kappa": 3.0, "nsigma": 5.0,
+              "sources": 1, "background": {"median": 0.0, "std": 1.0}, "repeat": 1,
+              "match_px": 1.0, "peers": [],
+              "rows": [{"impl": "chunkernels on 2 CPU worker(s)", "blocks": 16,
+                        "steps": {n: 0.01 for n in demo.STEPS}, "seconds": 0.03,
+                        "first_run": 0.03, "warm_up": None, "count": 1,
+                        "faster_than_peers": None, "breakdown": steps}]}
+    md = demo._markdown(report)
+    assert "| chunkernels on 2 CPU worker(s) | threshold + label | " in md
+    assert "| busiest worker (ms) | transfers |" in md
 
 
 def test_demo_without_its_peers(monkeypatch):

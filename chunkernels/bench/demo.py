@@ -11,7 +11,9 @@ lesson's loop with a float64 std: the same kept pixels, median and iterations), 
 ``scipy.ndimage.label`` of the same segmentation and ``center_of_mass`` / ``sum_labels`` of its
 labels — before ``--repeat`` timed runs (the median is reported, per step and in all). Each step
 ends with its result on the client (the clipping's numbers, the labels persisted on the workers
-with their count, the catalogue's columns), so the wall clock includes every round trip.
+with their count, the catalogue's columns), so the wall clock includes every round trip. One
+more run under distributed's task stream then says where each step's time goes
+(:func:`_breakdown`): its tasks' compute time, the transfers, and the rest.
 
 Then, on the host copy of the same image, in this process, once each (they take seconds):
 
@@ -32,6 +34,7 @@ them).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import statistics
@@ -90,6 +93,7 @@ def run(args) -> dict:
                 _check(found, reference, where)
                 timed = [_pipeline(image, client)["times"] for _ in range(repeat)]
                 rows.append(_row(where, kind, workers, image, found, timed, ready, client))
+                rows[-1]["breakdown"] = _breakdown(image, client)
                 del image, found
         peers = []
         for name, peer in (("photutils", _photutils), ("sep", _sep)):
@@ -156,6 +160,51 @@ def _pipeline(image, client) -> dict:
     found = _find(image, client, timed)
     return {"background": found.background, "level": found.level, "count": found.count,
             "table": found.table, "times": times}
+
+
+def _breakdown(image, client) -> dict | None:
+    """Where a step's time goes: one more run of the pipeline under distributed's task stream
+    (after the timed ones, which run without it). Per step: its wall time, the tasks that
+    started in it and their compute time over every worker and on the busiest one, the
+    transfers of task results between workers and their time, and the wall time outside the
+    busiest worker's tasks (the scheduler, the messages between processes, the client's own
+    work). κσ clipping on a cluster runs in its workers' actors, not in tasks: all of it counts
+    as outside. Timestamps are the workers' clocks against the client's: on one machine the
+    same clock. None without a cluster."""
+    if client is None:
+        return None
+    from distributed import get_task_stream
+
+    from chunkernels.demo import _find
+
+    marks = {}
+
+    @contextlib.contextmanager
+    def timed(name):
+        start = time.time()
+        yield
+        marks[name] = (start, time.time())
+
+    with get_task_stream(client) as stream:
+        _find(image, client, timed)
+    steps = {}
+    for name, (start, stop) in marks.items():
+        tasks, transfers, moving, busy = 0, 0, 0.0, collections.Counter()
+        for record in stream.data:
+            for span in record.get("startstops", ()):
+                if not start <= span["start"] <= stop:
+                    continue
+                if span["action"] == "compute":
+                    tasks += 1
+                    busy[record.get("worker")] += span["stop"] - span["start"]
+                elif span["action"] == "transfer":
+                    transfers += 1
+                    moving += span["stop"] - span["start"]
+        busiest = max(busy.values(), default=0.0)
+        steps[name] = {"wall": stop - start, "tasks": tasks, "task_time": sum(busy.values()),
+                       "busiest": busiest, "transfers": transfers, "transfer_time": moving,
+                       "outside": max(0.0, stop - start - busiest)}
+    return steps
 
 
 def _reference(data) -> dict:
@@ -310,6 +359,23 @@ def _markdown(r) -> str:
         lines.append(f"| {row['impl']} | {row['blocks']} | {steps} | {row['seconds'] * 1e3:.1f} | "
                      f"{first_cells} | {row['count']} | "
                      f"{'-' if faster is None else f'{faster:.3g}×'} |")
+    breakdowns = [row for row in r["rows"] if row.get("breakdown")]
+    if breakdowns:
+        lines += ["", ("Where the time goes: one more run under distributed's task stream, per "
+                       "step: the tasks that started in it, their compute time on every worker "
+                       "and on the busiest one, the transfers of results between workers, and "
+                       "the wall time outside the busiest worker's tasks (the scheduler, "
+                       "messages, the client). κσ clipping on a cluster runs in its workers' "
+                       "actors, called directly, not in tasks."), "",
+                  ("| implementation | step | wall (ms) | tasks | task time, all workers (ms) | "
+                   "busiest worker (ms) | transfers | transfer time (ms) | outside tasks (ms) |"),
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for row in breakdowns:
+            for step, b in row["breakdown"].items():
+                lines.append(f"| {row['impl']} | {step} | {b['wall'] * 1e3:.1f} | {b['tasks']} "
+                             f"| {b['task_time'] * 1e3:.1f} | {b['busiest'] * 1e3:.1f} | "
+                             f"{b['transfers']} | {b['transfer_time'] * 1e3:.1f} | "
+                             f"{b['outside'] * 1e3:.1f} |")
     lines += ["", f"| peer (CPU, one run) | steps (s) | all (s) | sources | matched within "
                   f"{r['match_px']:g} px | theirs unmatched | ours unmatched | offset median / "
                   f"95 % (px) |", "|---|---|---:|---:|---:|---:|---:|---:|"]
