@@ -397,8 +397,7 @@ def of_single_block(fn: Callable, a, shape: tuple, dtype, meta, token=None):
     """A Dask array of one block, ``fn`` of the single block of Dask array ``a``. ``token``, when
     given, stands for ``fn`` in the array's name: what determines it, cheaper to tokenize than
     ``fn`` (whose state Dask's tokenize pickles)."""
-    name = (f"{getattr(fn, 'func', fn).__name__.strip('_')}-"
-            f"{tokenize(fn if token is None else token, a)}")
+    name = _single_block_name(fn, a, token)
     tasks = Tasks()
     tasks.add((name, *(0,) * len(shape)), fn, tasks.block(a, (0,) * a.ndim))
     return tasks.array(name, tuple((n,) for n in shape), dtype, meta)
@@ -411,12 +410,18 @@ def delayed_of_single_block(fn: Callable, a, token=None):
     from dask.delayed import Delayed
     from dask.highlevelgraph import HighLevelGraph
 
-    name = (f"{getattr(fn, 'func', fn).__name__.strip('_')}-"
-            f"{tokenize(fn if token is None else token, a)}")
+    name = _single_block_name(fn, a, token)
     tasks = Tasks()
     tasks.add(name, fn, tasks.block(a, (0,) * a.ndim))
     return Delayed(name, HighLevelGraph.from_collections(name, tasks.graph,
                                                          dependencies=tasks.dependencies))
+
+
+def _single_block_name(fn: Callable, a, token) -> str:
+    """The name of a one-task layer ``fn`` of ``a``'s single block: ``fn``'s name and the token
+    of ``fn`` (or of ``token``, which stands for it) and ``a``."""
+    return (f"{getattr(fn, 'func', fn).__name__.strip('_')}-"
+            f"{tokenize(fn if token is None else token, a)}")
 
 
 def with_noop_tasks(collection):

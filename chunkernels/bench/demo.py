@@ -147,19 +147,25 @@ def _pipeline(image, client) -> dict:
     """The demo's steps (:func:`chunkernels.demo`'s own pipeline, its full catalogue measured)
     on a persisted image, each timed until its result is back:
     ``{"background", "level", "count", "table", "times"}``."""
+    found, spans = _steps(image, client, time.perf_counter)
+    return {"background": found.background, "level": found.level, "count": found.count,
+            "table": found.table, "times": {name: b - a for name, (a, b) in spans.items()}}
+
+
+def _steps(image, client, clock):
+    """The demo's pipeline (:func:`chunkernels.demo._find`) on ``image``: ``(found, {step:
+    (start, stop)})``, each step's span by ``clock``."""
     from chunkernels.demo import _find
 
-    times = {}
+    spans = {}
 
     @contextlib.contextmanager
     def timed(name):
-        start = time.perf_counter()
+        start = clock()
         yield
-        times[name] = time.perf_counter() - start
+        spans[name] = (start, clock())
 
-    found = _find(image, client, timed)
-    return {"background": found.background, "level": found.level, "count": found.count,
-            "table": found.table, "times": times}
+    return _find(image, client, timed), spans
 
 
 def _breakdown(image, client) -> dict | None:
@@ -175,18 +181,8 @@ def _breakdown(image, client) -> dict | None:
         return None
     from distributed import get_task_stream
 
-    from chunkernels.demo import _find
-
-    marks = {}
-
-    @contextlib.contextmanager
-    def timed(name):
-        start = time.time()
-        yield
-        marks[name] = (start, time.time())
-
-    with get_task_stream(client) as stream:
-        _find(image, client, timed)
+    with get_task_stream(client) as stream:  # its records carry the workers' time.time()
+        _, marks = _steps(image, client, time.time)
     steps = {}
     for name, (start, stop) in marks.items():
         tasks, transfers, moving, busy = 0, 0, 0.0, collections.Counter()

@@ -1248,8 +1248,6 @@ def _measure_columns(q, index, properties):
     # what the columns' functions hold, tokenized once (Dask pickles a partial to tokenize it:
     # a millisecond a column, on the client, for a table that takes a few to compute)
     token = _graph.tokenize(rows_of, q.labels.dtype) if q.backend == "dask" else None
-    if q.backend != "dask":
-        table = _by_column(table)
     columns, fns = {}, {}
     for name in properties:
         per_axis = 2 * ndim if name == "bbox" else ndim if name in _PER_AXIS else 0
@@ -1259,9 +1257,9 @@ def _measure_columns(q, index, properties):
             if q.backend == "dask":
                 columns[key] = _lazy(fn, table, (n,), _column_dtype(name, q, rows_of),
                                      token=(token, key))
-            else:
-                columns[key] = fn(table)
-    return DaskColumns(columns, table, fns) if q.backend == "dask" else columns
+    if q.backend != "dask":
+        return _all_columns(tuple(fns.items()), False, table)
+    return DaskColumns(columns, table, fns)
 
 
 class DaskColumns(dict):
