@@ -525,3 +525,29 @@ def test_capacity_reports_a_step_that_does_not_finish(monkeypatch):
                               scheduler=None)
     report = capacity.run(args)
     assert report["rows"][0]["outcome"] == "make: did not finish in 1 s (cancelled)"
+
+
+def test_labels_too_large_to_compare_whole_are_compared_with_scipy_by_block_checksums():
+    import scipy.ndimage as ndi
+
+    rng = np.random.default_rng(7)
+    host = rng.random((96, 80)) < scaling.FOREGROUND
+    image = da.from_array(host, chunks=(48, 32))  # uneven: 2 × 3 blocks, the last 16 wide
+    want, n = ndi.label(host)
+    sums = da.from_array(want, chunks=image.chunks).map_blocks(
+        scaling._block_checksum, dtype=np.int64, chunks=(1, 2))
+    check = {"count": n, "checksums": np.asarray(sums.compute()).tolist()}
+    scaling._scipy_checksums(image, check)
+    assert check["scipy"] == "checksums"
+
+    # one pixel labelled otherwise in one block: caught, and the block named
+    wrong = want.copy()
+    wrong[60, 45] = n + 1
+    sums = da.from_array(wrong, chunks=image.chunks).map_blocks(
+        scaling._block_checksum, dtype=np.int64, chunks=(1, 2))
+    bad = {"count": n, "checksums": np.asarray(sums.compute()).tolist()}
+    with pytest.raises(AssertionError, match=r"differs from SciPy's in 1 of 6 blocks, e\.g\. "
+                                             r"block row 1, checksum pair 1"):
+        scaling._scipy_checksums(image, bad)
+    with pytest.raises(AssertionError, match=f"{n + 3} labels, SciPy finds {n}"):
+        scaling._scipy_checksums(image, {**check, "count": n + 3})

@@ -22,8 +22,10 @@ of the input (widened by the halo); a wrong result stops the benchmark.
 
 A second table labels ``x < 0.4`` (about 40% foreground) on the same clusters: the labels of
 every cluster count must be the same (per-block checksums computed where the blocks live), and
-equal SciPy's on arrays small enough to label on the host here (at most :data:`SCIPY_CHECK`
-elements). Peak memory per worker is
+equal SciPy's: compared whole on arrays of at most :data:`SCIPY_CHECK` elements, and through the
+same per-block checksums (SciPy's labels summed block by block here) on larger arrays that this
+machine's memory can label (about :data:`SCIPY_HOST_BYTES` bytes an element), on the first
+cluster of the sweep. Peak memory per worker is
 measured in a run of its own: CuPy's memory pool on GPU workers (the bytes the pool holds after
 the run, having freed its cache before it), ``tracemalloc`` on CPU workers.
 
@@ -62,8 +64,12 @@ HALO_PIPELINE = (("gaussian_filter", {"sigma": SIGMA}), ("uniform_filter", {"siz
 CHECK_TOLERANCE = 1e-5
 #: Foreground fraction of the labelled image, ``x < FOREGROUND``.
 FOREGROUND = 0.4
-#: The largest array whose labels are compared with SciPy's on the host (elements).
+#: The largest array whose labels are compared with SciPy's on the host, whole (elements).
 SCIPY_CHECK = 2**26
+#: Host bytes per element that labelling a larger image with SciPy here takes (the boolean image,
+#: SciPy's int32 labels, a block's int64 copies): it is compared block by block through the
+#: checksums the workers compute (:func:`_scipy_checksums`) where that much memory is available.
+SCIPY_HOST_BYTES = 6
 
 CHUNKERNELS, NO_HALO, DASK_IMAGE = "chunkernels", "no halo (map_blocks)", "dask-image"
 LABEL = "label (x < 0.4)"
@@ -84,7 +90,7 @@ def run(args) -> dict:
                      f"({bench.BENCH_EXTRA})")
     depth = _halo(len(shape))
     sweep = bench.sweep(args)
-    rows, clusters, labels = [], [], []
+    rows, clusters, labels, checked = [], [], [], set()
     total = len(sweep) * len(chunkings) * (len(impls) + 1)
     with bench.Progress(total, "scaling") as progress:
         for kind, workers, client in bench.clusters(args):
@@ -105,7 +111,9 @@ def run(args) -> dict:
                 with progress.run(f"{workers} {kind} worker(s), chunks "
                                   f"{'x'.join(map(str, chunks))}, {LABEL}"):
                     labels.append({"kind": kind, "workers": workers, "chunks": list(chunks),
-                                   **_measure_label(client, gpu, x, args.repeat)})
+                                   **_measure_label(client, gpu, x, args.repeat,
+                                                    scipy_check=chunks not in checked)})
+                checked.add(chunks)
                 keys = _keys(x)
                 del x
                 _forget(client, keys)
@@ -304,8 +312,10 @@ def _transfers(client) -> tuple[int, int]:
     return sum(c for c, _ in counts), sum(b for _, b in counts)
 
 
-def _measure_label(client, gpu, x, repeat) -> dict:
-    """Label ``x < FOREGROUND`` (persisted first, where ``x`` lives): check, then time."""
+def _measure_label(client, gpu, x, repeat, scipy_check=True) -> dict:
+    """Label ``x < FOREGROUND`` (persisted first, where ``x`` lives): check, then time.
+    ``scipy_check``: also compare with SciPy's labels (whole, or by block checksums for an
+    image too large to compare whole), where this machine can label the image."""
     from distributed import wait
 
     image = client.persist(x < FOREGROUND)
@@ -330,6 +340,8 @@ def _measure_label(client, gpu, x, repeat) -> dict:
         assert n == check["count"], f"label: {check['count']} labels, SciPy finds {n}"
         assert_close(got, want.astype(got.dtype), err_msg="label differs from SciPy's")
         check["scipy"] = True
+    elif scipy_check and _host_can_label(x.size):
+        _scipy_checksums(image, check)
     keys = _keys(labels) + _keys(count)
     del labels, count
     _forget(client, keys)
@@ -349,6 +361,41 @@ def _measure_label(client, gpu, x, repeat) -> dict:
             "bytes_moved_per_run": moved[1] / (repeat + 1), **check}
 
 
+#: What the label table says of the comparison with SciPy (``row["scipy"]``).
+_SCIPY_CHECKED = {True: "yes", "checksums": "yes (block checksums)", None: "no (too large)",
+                  False: "no (too large)"}
+
+
+def _host_can_label(size: int) -> bool:
+    """Whether this machine has the memory to label an image of ``size`` elements with SciPy
+    (:data:`SCIPY_HOST_BYTES` an element, against the memory available now)."""
+    import psutil
+
+    return size * SCIPY_HOST_BYTES <= psutil.virtual_memory().available
+
+
+def _scipy_checksums(image, check: dict) -> None:
+    """Compare ``check``'s label count and per-block checksums (from the workers) with SciPy's
+    labels of ``image`` brought here; sets ``check["scipy"]`` to ``"checksums"``. The checksums
+    of SciPy's labels are summed by this process's threads, a block each."""
+    import dask.array as da
+    import scipy.ndimage as ndi
+
+    (host,) = _host(image)
+    want, n = ndi.label(host)
+    del host
+    assert n == check["count"], f"label: {check['count']} labels, SciPy finds {n}"
+    sums = da.from_array(want, chunks=image.chunks).map_blocks(
+        _block_checksum, dtype=np.int64, chunks=(1, 2), meta=np.empty((0, 0), np.int64))
+    got = np.asarray(sums.compute(scheduler="threads")).tolist()
+    different = [(i, j) for i, row in enumerate(got) for j in range(0, len(row), 2)
+                 if row[j:j + 2] != check["checksums"][i][j:j + 2]]
+    assert not different, (f"label differs from SciPy's in {len(different)} of "
+                           f"{image.npartitions} blocks, e.g. block row {different[0][0]}, "
+                           f"checksum pair {different[0][1] // 2}")
+    check["scipy"] = "checksums"
+
+
 def _check_labels(labels) -> None:
     """Every cluster's labels of one chunking must be the same (count and block checksums)."""
     by_chunks: dict = {}
@@ -359,6 +406,8 @@ def _check_labels(labels) -> None:
         for row in rows[1:]:
             assert (row["count"], row["checksums"]) == (first["count"], first["checksums"]), (
                 f"label on {_where(row)} differs from {_where(first)} in chunks {chunks}")
+            if not row.get("scipy"):  # equal to the first cluster's, compared with SciPy's
+                row["scipy"] = first.get("scipy")
     for row in labels:
         base = next(r for r in labels if r["chunks"] == row["chunks"])
         row["speedup"] = base["seconds"] / row["seconds"]
@@ -693,7 +742,7 @@ def markdown(r) -> str:
             lines.append(f"| {_where(row)} | {_fmt_chunk(row['chunks'])} | {row['count']} | "
                          f"{row['seconds']:.3f} | {row.get('speedup', 1.0):.2f}× | "
                          f"{row['transfers_per_run']:.1f} | {_mib(row['bytes_moved_per_run'])} | "
-                         f"{'yes' if row.get('scipy') else 'no (too large)'} |")
+                         f"{_SCIPY_CHECKED[row.get('scipy')]} |")
     lines += [""] + [f"Note: {n}" for n in r["notes"]]
     return "\n".join(lines).rstrip()
 
