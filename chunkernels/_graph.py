@@ -870,10 +870,12 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
                 wanted = batches.setdefault((there, here), {})
                 for i in range(len(names)):
                     wanted.setdefault((i, source, ranges), len(wanted))
-    # The batches start now, before the kernels' graph is sent: their inputs are in memory, and
-    # a border block's kernel task waits for its batch, whose source worker would otherwise
-    # cut it when Dask's order reaches it, among its own kernel tasks. The layer holds the
-    # batches' futures, so they live as long as the graph.
+    # The batches start now, before the kernels' graph is sent: their inputs are in memory. Each
+    # is cut on its source worker and moved at once to the worker that reads it, by a task of
+    # its own there (_halo.arrived), so that it travels while the graph is built, sent and
+    # started and the reader's other blocks run: a border block's task would otherwise ask for
+    # it only once the reader is handed that task. The layer holds the moved batches' futures,
+    # so they live as long as the graph; a cut is released once moved.
     client = current_client()
     batch_keys = {}
     for (there, here), wanted in batches.items():
@@ -883,7 +885,9 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
         cuts = np.array([(sources.index((i, s)), *(n for r in c for n in r))
                          for i, s, c in wanted], dtype=np.int64)
         blocks = [inputs[i].dask.layers[names[i]][(names[i], *s)] for i, s in sources]
-        tasks.graph[key] = client.submit(_halo.cut_many, blocks, cuts, key=key, workers=[there],
+        cut = client.submit(_halo.cut_many, blocks, cuts, key=(f"{name}-cut", key[1]),
+                            workers=[there], allow_other_workers=True, pure=False)
+        tasks.graph[key] = client.submit(_halo.arrived, cut, key=key, workers=[here],
                                          allow_other_workers=True, pure=False)
     # per output key: (plan, core keys, pieces) with keys for what it reads, each piece
     # (key of a block, its slices) read in place or (key of a batch, position in it)

@@ -303,18 +303,30 @@ class Strips:
         return len(self.layout)
 
     def __getitem__(self, position: int):
-        buffer = self.host
-        if self.gpu:
-            if self._device is None:
-                self._device = cuda.cupy().asarray(self.host)
-            buffer = self._device
-        return _view(buffer, *self.layout[position])
+        return _view(self.upload() if self.gpu else self.host, *self.layout[position])
+
+    def upload(self):
+        """The buffer on this process's current GPU, copied there once (GPU pieces only)."""
+        if self._device is None:
+            self._device = cuda.cupy().asarray(self.host)
+        return self._device
 
     def __sizeof__(self) -> int:
         return int(self.host.nbytes)
 
     def __reduce__(self):
         return Strips, (self.host, self.layout, self.gpu)
+
+
+def arrived(strips: Strips) -> Strips:
+    """On the worker that reads a batch of strips: the batch, its GPU pieces uploaded to this
+    worker's GPU. A task of its own, submitted with the batch's cut when the exchange's graph is
+    built (:func:`chunkernels._graph._placed_graph`), so that the batch travels and is uploaded
+    while the graph is sent and the worker's other blocks run, not when a border block's task
+    asks for it."""
+    if strips.gpu:
+        strips.upload()
+    return strips
 
 
 def _view(flat, offset: int, shape: tuple, dtype):

@@ -551,3 +551,31 @@ def test_labels_too_large_to_compare_whole_are_compared_with_scipy_by_block_chec
         scaling._scipy_checksums(image, bad)
     with pytest.raises(AssertionError, match=f"{n + 3} labels, SciPy finds {n}"):
         scaling._scipy_checksums(image, {**check, "count": n + 3})
+
+
+def test_demo_reference_is_kept_beside_the_results_and_read_back_for_the_same_image(
+        tmp_path, monkeypatch):
+    from chunkernels.bench import demo
+    from chunkernels.sources import synthetic_sky
+
+    image, _ = synthetic_sky(192, chunks=96, seed=3)
+    data = image.compute()
+    first = demo._cached_reference(data, tmp_path)
+    (saved,) = tmp_path.glob("demo-reference-192x192-*.npz")
+
+    def not_again(data):
+        raise AssertionError("the reference was computed again")
+
+    monkeypatch.setattr(demo, "_reference", not_again)
+    again = demo._cached_reference(data, tmp_path)
+    assert again["background"] == first["background"]
+    assert type(again["background"].median) is type(first["background"].median)  # noqa: E721
+    assert (again["count"], again["level"]) == (first["count"], first["level"]) and again["count"]
+    for key in ("x", "y", "flux"):
+        np.testing.assert_array_equal(again[key], first[key])
+    # another image (one pixel): not read from that file
+    other = data.copy()
+    other[5, 7] += 1
+    with pytest.raises(AssertionError, match="computed again"):
+        demo._cached_reference(other, tmp_path)
+    assert [p.name for p in tmp_path.glob("demo-reference-*")] == [saved.name]

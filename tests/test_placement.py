@@ -133,6 +133,30 @@ def test_same_worker_pieces_are_read_from_the_neighbour_blocks_in_place():
         assert any(f"{z.name}-batch" in d for d in deps[(3, 0)])  # the first row of tile 1
 
 
+def test_a_batch_of_strips_moves_to_the_worker_that_reads_it_when_the_graph_is_built():
+    """Each batch is cut where its blocks are and moved at once to the worker whose border
+    blocks read it (a task there), before the kernels' graph is computed."""
+    from distributed import Future, wait
+
+    x_np = np.random.default_rng(8).random((96, 64))
+    with processes(2) as client:
+        x = cluster.distribute(da.from_array(x_np, chunks=(16, 32)))
+        z = ndimage.gaussian_filter(x, 1.5)
+        graph = dict(z.__dask_graph__())
+        batches = {k: v for k, v in graph.items() if k[0] == f"{z.name}-batch"}
+        assert len(batches) == 2 and all(isinstance(v, Future) for v in batches.values())
+        wait(list(batches.values()))
+        where = _graph.placement(x)
+        held = client.who_has(list(batches.values()))
+        for k, t in graph.items():
+            if k[0] == z.name:
+                for d in t.dependencies:
+                    if d in batches:  # read by this block's worker: already there
+                        assert where[k[1:]] in held[d], (k, d, held[d])
+        np.testing.assert_allclose(z.compute(), ndi.gaussian_filter(x_np, 1.5), rtol=1e-12,
+                                   atol=1e-12)
+
+
 def test_placed_blocks_of_several_inputs_and_a_pipeline():
     import chunkernels
 
