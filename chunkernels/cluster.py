@@ -116,10 +116,51 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
     else:
         cluster = _cpu_cluster(threads, processes, cluster_kwargs)
     try:
-        return _owning_client_class()(cluster)
+        c = _owning_client_class()(cluster)
     except BaseException:
         cluster.close()
         raise
+    if devices:
+        try:
+            tune_gpu_workers(c)
+        except BaseException:
+            c.close()
+            raise
+    return c
+
+
+#: Seconds a GPU worker's task thread runs Python before its event loop gets a turn, in the
+#: clusters :func:`client` starts (:func:`tune_gpu_workers`). Python's default is 5 ms.
+SWITCH_INTERVAL = 0.0005
+
+
+def tune_gpu_workers(c, switch_interval: float = SWITCH_INTERVAL) -> None:
+    """Set up the GPU workers of client ``c``'s cluster for short tasks that only queue launches.
+
+    A worker's event loop (its messages with the scheduler, the data other workers fetch from
+    it or send it, heartbeats) shares the GIL with the thread running its tasks. While a task
+    runs Python, between launches, the loop waits for the thread to give up the GIL, which
+    Python asks of it every 5 ms: each step of a transfer that a neighbouring worker asks for
+    can wait that long. Here each worker's thread switch interval becomes ``switch_interval``
+    (:func:`sys.setswitchinterval`), for every worker of the cluster and any that joins or
+    restarts later (a worker plugin). Measured on four H100 workers (TCP), the 16 GiB Gaussian
+    of ``chunkernels bench scaling`` went from 89 to 79 ms, the label of its ``x < 0.4`` from 128
+    to 116 ms.
+
+    :func:`client` does this for the GPU clusters it starts; call it once for a cluster started
+    otherwise (``dask cuda worker``, ``client(scheduler=...)``). CPU workers keep Python's
+    default: their tasks compute, and a shorter interval only makes their threads trade the
+    GIL more often.
+    """
+    import numbers
+
+    from chunkernels._worker_plugin import SwitchInterval
+
+    if isinstance(switch_interval, bool) or not isinstance(switch_interval, numbers.Real) or \
+            not 0 < switch_interval <= 1:
+        raise ValueError(f"switch_interval={switch_interval!r}; expected seconds, more than 0 "
+                         f"and at most 1 (Python's default is 0.005)")
+    c.register_plugin(SwitchInterval(float(switch_interval)))
 
 
 #: ``current()``: the ``distributed.Client`` Dask would compute on now, or ``None``, found

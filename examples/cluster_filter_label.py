@@ -61,6 +61,8 @@ def main(argv=None) -> None:
               else chunkernels.cluster.client(dashboard_address=None))
     with client:  # closes a cluster it started; leaves a running one running
         gpu = bool(chunkernels.cluster.gpu_names(client))
+        if gpu and args.scheduler:  # a cluster started elsewhere: tune its GPU workers once
+            chunkernels.cluster.tune_gpu_workers(client)
         print("cluster:", chunkernels.cluster.describe(client))
         shape, chunks = (args.size,) * 2, (args.chunks,) * 2
         x = chunkernels.cluster.distribute(image(shape, chunks, gpu), client)

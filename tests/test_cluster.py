@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import dask.array as da
 import numpy as np
@@ -278,3 +279,28 @@ def test_current_is_safe_while_another_thread_imports_distributed():
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     assert lines["errors"] == "[]"
     assert int(lines["calls"]) > 0  # the threads labelled while distributed was imported
+
+
+def test_tune_gpu_workers_sets_the_switch_interval_of_every_worker_and_of_restarted_ones():
+    with cluster.client(gpus=0, processes=True, n_workers=2, threads=1,
+                        dashboard_address=None) as c:
+        default = sys.getswitchinterval()
+        assert set(c.run(sys.getswitchinterval).values()) == {default}  # CPU workers: untouched
+        cluster.tune_gpu_workers(c)
+        assert set(c.run(sys.getswitchinterval).values()) == {cluster.SWITCH_INTERVAL}
+        c.restart()
+        assert set(c.run(sys.getswitchinterval).values()) == {cluster.SWITCH_INTERVAL}
+        assert sys.getswitchinterval() == default  # this process: untouched
+
+
+@pytest.mark.parametrize("bad", [0, -1e-3, 2.0, True, "1ms", float("nan")])
+def test_tune_gpu_workers_refuses_a_switch_interval_that_is_not_seconds(bad):
+    with pytest.raises(ValueError, match=r"switch_interval=.*expected seconds, more than 0"):
+        cluster.tune_gpu_workers(object(), bad)
+
+
+@pytest.mark.gpu
+def test_gpu_clusters_started_here_have_a_short_switch_interval():
+    pytest.importorskip("dask_cuda")
+    with cluster.client(gpus=1, dashboard_address=None) as c:
+        assert set(c.run(sys.getswitchinterval).values()) == {cluster.SWITCH_INTERVAL}

@@ -153,6 +153,8 @@ def test_a_batch_of_strips_moves_to_the_worker_that_reads_it_when_the_graph_is_b
                 for d in t.dependencies:
                     if d in batches:  # read by this block's worker: already there
                         assert where[k[1:]] in held[d], (k, d, held[d])
+        # the cuts ran where their blocks are: no block was copied to another worker
+        assert all(len(h) == 1 for h in client.who_has(x).values())
         np.testing.assert_allclose(z.compute(), ndi.gaussian_filter(x_np, 1.5), rtol=1e-12,
                                    atol=1e-12)
 
