@@ -18,7 +18,7 @@ from chunkernels import _graph, _halo, cuda
 from chunkernels._dispatch import finalize, run_block
 from chunkernels._errors import AlignmentError, HaloError
 from chunkernels._kind import ArrayKind
-from chunkernels._registry import KernelSpec, ensure_registered, get
+from chunkernels._registry import KernelSpec, ensure_registered, get, spec_serial
 from chunkernels.interop import array_entry
 
 
@@ -117,7 +117,8 @@ class BlockFunction:
         # values, whose hashing would copy it to the host (a device synchronisation)
         params = {k: ("cupy", id(v), v.shape, v.dtype.str) if cuda.is_cupy_array(v) else v
                   for k, v in self.raw_params.items()}
-        return ("chunkernels", self.spec.name, tokenize(params), self.strict)
+        return ("chunkernels", self.spec.name, spec_serial(self.spec), tokenize(params),
+                self.strict)
 
 
 def blockwise(kernel: str, *, strict: bool = False, **params: Any) -> BlockFunction:

@@ -16,10 +16,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import itertools
 import re
 import textwrap
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
@@ -397,6 +399,23 @@ class KernelSpec:
 _REGISTRY: dict[str, KernelSpec] = {}
 _ORIGIN: dict[str, str] = {}
 _LOCK = threading.RLock()
+#: A number per KernelSpec object alive in this process (:func:`spec_serial`), by its id.
+_SERIALS: dict[int, int] = {}
+_NEXT_SERIAL = itertools.count(1)
+
+
+def spec_serial(spec: KernelSpec) -> int:
+    """A number that names ``spec``, this very object, in this process: the same for as long as
+    it lives, and never given to another. The Dask keys of a kernel's results include it
+    (besides its name), so that a kernel registered anew under a name already used
+    (``replace=True``) gets new keys: a cluster that still holds the results of the kernel it
+    replaced would otherwise hand those back for the same keys."""
+    with _LOCK:
+        serial = _SERIALS.get(id(spec))
+        if serial is None:
+            serial = _SERIALS[id(spec)] = next(_NEXT_SERIAL)
+            weakref.finalize(spec, _SERIALS.pop, id(spec), None)
+        return serial
 _loaded = {"builtins": False, "entry_points": False}
 #: ``provider() -> iterable of (origin, KernelSpec)``: the built-in kernels, imported when the
 #: registry is first used (see :func:`set_builtin_provider`).

@@ -569,7 +569,7 @@ def test_demo_reference_is_kept_beside_the_results_and_read_back_for_the_same_im
     monkeypatch.setattr(demo, "_reference", not_again)
     again = demo._cached_reference(data, tmp_path)
     assert again["background"] == first["background"]
-    assert type(again["background"].median) is type(first["background"].median)  # noqa: E721
+    assert type(again["background"].median) is type(first["background"].median)
     assert (again["count"], again["level"]) == (first["count"], first["level"]) and again["count"]
     for key in ("x", "y", "flux"):
         np.testing.assert_array_equal(again[key], first[key])

@@ -204,6 +204,26 @@ def test_register_replace_overrides_and_unregister_removes():
         chunkernels.unregister("broadcast_add")
 
 
+def test_a_replaced_kernel_gets_new_keys_so_a_cluster_never_returns_the_old_results():
+    """A cluster that holds the results of a kernel since replaced under the same name must
+    not hand them back for the new kernel: its keys differ (the spec's serial, not its name)."""
+    from chunkernels import cluster
+
+    x = da.from_array(np.zeros((8, 6)), chunks=(4, 6))
+    first = chunkernels.register(KernelSpec(name="plus_k", cpu=lambda b: b + 1))
+    again = chunkernels.apply(x, "plus_k")
+    assert again.name == chunkernels.apply(x, "plus_k").name  # one spec: the same keys
+    with cluster.client(gpus=0, dashboard_address=None) as c:
+        held = c.persist(chunkernels.apply(x, "plus_k"))
+        chunkernels.register(KernelSpec(name="plus_k", cpu=lambda b: b + 2), replace=True)
+        z = chunkernels.apply(x, "plus_k")
+        assert z.name != held.name
+        np.testing.assert_array_equal(z.compute(), np.full((8, 6), 2.0))
+        np.testing.assert_array_equal(held.compute(), np.full((8, 6), 1.0))
+    assert _registry.spec_serial(first) != _registry.spec_serial(chunkernels.get("plus_k"))
+    assert _registry.spec_serial(first) == _registry.spec_serial(first)
+
+
 def test_registry_is_restored_between_tests():
     # The autouse fixture in conftest undoes the previous test's unregister.
     assert chunkernels.get("broadcast_add").cpu.__module__ == "chunkernels.kernels.broadcast_add"
