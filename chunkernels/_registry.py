@@ -399,6 +399,8 @@ class KernelSpec:
 _REGISTRY: dict[str, KernelSpec] = {}
 _ORIGIN: dict[str, str] = {}
 _LOCK = threading.RLock()
+#: The ids of the KernelSpec objects :func:`register` took in this process (alive ones).
+_REGISTERED_HERE: set[int] = set()
 #: A number per KernelSpec object alive in this process (:func:`spec_serial`), by its id.
 _SERIALS: dict[int, int] = {}
 _NEXT_SERIAL = itertools.count(1)
@@ -480,7 +482,15 @@ def register(spec: KernelSpec | None = None, /, *, replace: bool = False,
         # keys its cache by the code itself
         _REGISTRY[spec.name] = spec
         _ORIGIN[spec.name] = origin
+        _registered_here(spec)
     return spec
+
+
+def _registered_here(spec: KernelSpec) -> None:
+    """Remember that ``spec`` was registered in this process (see :func:`ensure_registered`)."""
+    if id(spec) not in _REGISTERED_HERE:
+        _REGISTERED_HERE.add(id(spec))
+        weakref.finalize(spec, _REGISTERED_HERE.discard, id(spec))
 
 
 def _spec_from_fields(fields: Mapping[str, Any]) -> KernelSpec:
@@ -579,6 +589,7 @@ def _load_builtins() -> None:
                                        f"{_ORIGIN[spec.name]} and {origin})")
         _REGISTRY[spec.name] = spec
         _ORIGIN[spec.name] = origin
+        _registered_here(spec)
 
 
 def _load_entry_points() -> None:
@@ -608,11 +619,15 @@ def _load_entry_points() -> None:
 
 
 def ensure_registered(spec: KernelSpec) -> None:
-    """Register ``spec`` if its name is unknown here (a Dask worker receiving a user kernel)."""
-    if spec.name in _REGISTRY:
+    """Register ``spec`` if its name is unknown here (a Dask worker receiving a user kernel).
+
+    Not a spec that :func:`register` took in this process and that was unregistered or replaced
+    since: a task of an earlier graph still running here (a thread of the local scheduler goes
+    on after the graph's first error) must not bring it back."""
+    if spec.name in _REGISTRY or id(spec) in _REGISTERED_HERE:
         return
     with _LOCK:
         _load_builtins()
-        if spec.name not in _REGISTRY:
+        if spec.name not in _REGISTRY and id(spec) not in _REGISTERED_HERE:
             _REGISTRY[spec.name] = spec
             _ORIGIN[spec.name] = "a task sent by the client"

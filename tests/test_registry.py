@@ -224,6 +224,28 @@ def test_a_replaced_kernel_gets_new_keys_so_a_cluster_never_returns_the_old_resu
     assert _registry.spec_serial(first) == _registry.spec_serial(first)
 
 
+def test_a_task_still_running_does_not_bring_back_a_kernel_unregistered_here():
+    """A block function of a kernel that was unregistered (or replaced) in this process runs
+    with its own spec and leaves the registry alone (a thread of the local scheduler may still
+    run a task of a failed graph); one unpickled from elsewhere (a worker) registers its spec."""
+    import pickle
+
+    spec = chunkernels.register(name="negate", cpu=_negate, dtypes=["float64"])
+    fn = chunkernels.blockwise("negate")
+    chunkernels.unregister("negate")
+    np.testing.assert_array_equal(fn(np.ones(3)), -np.ones(3))
+    assert "negate" not in chunkernels.registered()
+    mine = chunkernels.register(name="negate", cpu=np.negative, dtypes=["float64"])  # no clash
+    np.testing.assert_array_equal(fn(np.ones(3)), -np.ones(3))
+    assert chunkernels.get("negate") is mine
+    chunkernels.unregister("negate")
+    arrived = pickle.loads(pickle.dumps(fn))  # as a worker receives it: a spec new here
+    assert arrived.spec is not spec
+    np.testing.assert_array_equal(arrived(np.ones(3)), -np.ones(3))
+    assert chunkernels.get("negate") is arrived.spec
+    assert _ORIGIN["negate"] == "a task sent by the client"
+
+
 def test_registry_is_restored_between_tests():
     # The autouse fixture in conftest undoes the previous test's unregister.
     assert chunkernels.get("broadcast_add").cpu.__module__ == "chunkernels.kernels.broadcast_add"
