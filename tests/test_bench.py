@@ -579,3 +579,15 @@ def test_demo_reference_is_kept_beside_the_results_and_read_back_for_the_same_im
     with pytest.raises(AssertionError, match="computed again"):
         demo._cached_reference(other, tmp_path)
     assert [p.name for p in tmp_path.glob("demo-reference-*")] == [saved.name]
+
+
+def test_scaling_checks_the_chunk_corner_where_the_workers_tiles_meet():
+    x = da.zeros((65536, 65536), chunks=8192, dtype=np.float32)
+    windows = [w for w, _ in scaling._windows(x, (16, 16), per_block=False)]
+    assert (slice(32744, 32792), slice(32744, 32792)) in windows  # 4 tiles of 4 × 4 blocks meet
+    assert (slice(8168, 8216), slice(8168, 8216)) in windows and len(windows) == 4
+    # no second window where the middle corner is the first one, or an axis is one chunk
+    assert len(list(scaling._windows(da.zeros((96, 96), chunks=48), (16, 16),
+                                     per_block=False))) == 3
+    assert len(list(scaling._windows(da.zeros((96, 90), chunks=(48, 90)), (16, 16),
+                                     per_block=False))) == 3

@@ -444,9 +444,11 @@ def _windows(x, depth, *, per_block: bool):
     """``(window, bounds)`` pairs to check: slices of ``x`` and the region the filter treats as
     the whole array there (``x`` itself, or the block holding the window when ``per_block``).
 
-    Windows straddle the first interior chunk corner (all four blocks meet there) and sit at the
-    array's first and last corners, where the edge mode applies; per block, they sit at the first
-    block's inner corner and at the last block's outer one.
+    Windows straddle the first interior chunk corner (all four blocks meet there) and the chunk
+    corner nearest the array's middle (where the tiles of :func:`chunkernels.cluster.distribute`
+    meet on 2 and 4 workers: the strips there crossed workers), and sit at the array's first and
+    last corners, where the edge mode applies; per block, they sit at the first block's inner
+    corner and at the last block's outer one.
     """
     margin = [d + 8 for d in depth]
     first = [c[0] for c in x.chunks]
@@ -459,6 +461,11 @@ def _windows(x, depth, *, per_block: bool):
         return
     yield tuple(slice(max(0, f - m), min(n, f + m)) for f, m, n in zip(first, margin, x.shape)), \
         whole
+    middle = [min((int(b) for b in np.cumsum(c[:-1])), key=lambda b, n=n: abs(2 * b - n),
+                  default=None) for c, n in zip(x.chunks, x.shape)]
+    if None not in middle and middle != first:
+        yield tuple(slice(max(0, b - m), min(n, b + m))
+                    for b, m, n in zip(middle, margin, x.shape)), whole
     yield tuple(slice(0, min(n, m)) for n, m in zip(x.shape, margin)), whole
     yield tuple(slice(max(0, n - m), n) for n, m in zip(x.shape, margin)), whole
 
