@@ -238,11 +238,15 @@ def test_user_pointwise_kernel_end_to_end(scaled_subtract):
 
 
 def test_user_kernel_is_registered_again_where_the_task_runs(scaled_subtract):
-    """A worker process without the user's registration gets it from the block function."""
-    f = chunkernels.blockwise("scaled_subtract", scale=2)
+    """A worker process without the user's registration gets it from the block function (here:
+    the block function as a worker unpickles it, into a process without the registration)."""
+    import pickle
+
+    f = pickle.loads(pickle.dumps(chunkernels.blockwise("scaled_subtract", scale=2)))
     chunkernels.unregister("scaled_subtract")
     assert_close(f(np.full((2, 2), 5.0), np.ones(2)), np.full((2, 2), 8.0))
-    assert chunkernels.get("scaled_subtract") is scaled_subtract
+    assert chunkernels.get("scaled_subtract") is f.spec
+    assert f.spec == scaled_subtract and f.spec is not scaled_subtract
     assert _ORIGIN["scaled_subtract"] == "a task sent by the client"
 
 

@@ -33,7 +33,7 @@ FACE = "chunkernels"
 #: The layers, bottom up: a module imports from its own layer and the ones below. Modules are
 #: named by their first component under ``chunkernels`` (a package stands for all its modules).
 LAYERS = (
-    ("0 base", ("_errors", "_cache", "_imports")),
+    ("0 base", ("_errors", "_cache", "_imports", "_worker_plugin")),
     ("1 registry", ("_registry",)),
     ("2 launch", ("cuda", "layout", "_dispatch", "interop", "_kind", "_xarray")),
     ("2s shared parameters", ("_shared",)),
