@@ -143,9 +143,10 @@ def tune_gpu_workers(c, switch_interval: float = SWITCH_INTERVAL) -> None:
     Python asks of it every 5 ms: each step of a transfer that a neighbouring worker asks for
     can wait that long. Here each worker's thread switch interval becomes ``switch_interval``
     (:func:`sys.setswitchinterval`), for every worker of the cluster and any that joins or
-    restarts later (a worker plugin). Measured on four H100 workers (TCP), the 16 GiB Gaussian
-    of ``chunkernels bench scaling`` went from 89 to 79 ms, the label of its ``x < 0.4`` from 128
-    to 116 ms.
+    restarts later (a worker plugin). On four H100 workers (TCP), in back-to-back runs of the
+    same code (medians of 5), the 16 GiB Gaussian of ``chunkernels bench scaling`` went from 89
+    to 79 ms, and the label of its ``x < 0.4`` from 128 to 116 ms; runs of one host move by up
+    to a tenth between calls.
 
     :func:`client` does this for the GPU clusters it starts; call it once for a cluster started
     otherwise (``dask cuda worker``, ``client(scheduler=...)``). CPU workers keep Python's
