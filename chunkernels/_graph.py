@@ -952,10 +952,11 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
 def _submitted(graph: dict, home: dict, keys: list) -> dict:
     """The tasks of ``graph`` submitted to the current client in one message, each to run on
     the worker ``home`` names for its key (a preference: another may run it if that one is
-    lost); the futures of ``keys`` by key (the others are released once used). One message, not one ``Client.submit`` each: the scheduler
-    handles each submission in a millisecond or two, and the graph that reads these results,
-    sent next, waits behind them (24 submissions held a 4-GPU halo exchange's first kernel
-    task back by about 35 ms)."""
+    lost); the futures of ``keys`` by key (the other tasks are released once used).
+
+    One message, not one ``Client.submit`` each: the scheduler handles each submission in a
+    millisecond or two, and the graph that reads these results, sent next, waits behind them
+    (24 submissions held a 4-GPU halo exchange's first kernel task back by about 35 ms)."""
     from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 
     name = f"submitted-{tokenize(sorted(map(str, graph)))}"
