@@ -381,7 +381,9 @@ def _scipy_checksums(image, check: dict) -> None:
     import dask.array as da
     import scipy.ndimage as ndi
 
-    (host,) = _host(image)
+    # each block copied to the host where it lives: the image never lands on this process's
+    # GPU, which may be a worker's (a LocalCUDACluster's first GPU)
+    host = image.map_blocks(_on_host, meta=np.empty((0,) * image.ndim, image.dtype)).compute()
     want, n = ndi.label(host)
     del host
     assert n == check["count"], f"label: {check['count']} labels, SciPy finds {n}"
@@ -394,6 +396,11 @@ def _scipy_checksums(image, check: dict) -> None:
                            f"{image.npartitions} blocks, e.g. block row {different[0][0]}, "
                            f"checksum pair {different[0][1] // 2}")
     check["scipy"] = "checksums"
+
+
+def _on_host(block):
+    """On a worker: ``block`` as a NumPy array."""
+    return block.get() if cuda.is_cupy_array(block) else np.asarray(block)
 
 
 def _check_labels(labels) -> None:
