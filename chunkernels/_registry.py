@@ -399,25 +399,11 @@ class KernelSpec:
 _REGISTRY: dict[str, KernelSpec] = {}
 _ORIGIN: dict[str, str] = {}
 _LOCK = threading.RLock()
-#: The ids of the KernelSpec objects :func:`register` took in this process (alive ones).
-_REGISTERED_HERE: set[int] = set()
-#: A number per KernelSpec object alive in this process (:func:`spec_serial`), by its id.
+#: The KernelSpec objects :func:`register` took in this process (alive ones), by id.
+_REGISTERED_HERE: dict[int, bool] = {}
+#: A number per KernelSpec object alive in this process (:func:`spec_serial`), by id.
 _SERIALS: dict[int, int] = {}
 _NEXT_SERIAL = itertools.count(1)
-
-
-def spec_serial(spec: KernelSpec) -> int:
-    """A number that names ``spec``, this very object, in this process: the same for as long as
-    it lives, and never given to another. The Dask keys of a kernel's results include it
-    (besides its name), so that a kernel registered anew under a name already used
-    (``replace=True``) gets new keys: a cluster that still holds the results of the kernel it
-    replaced would otherwise hand those back for the same keys."""
-    with _LOCK:
-        serial = _SERIALS.get(id(spec))
-        if serial is None:
-            serial = _SERIALS[id(spec)] = next(_NEXT_SERIAL)
-            weakref.finalize(spec, _SERIALS.pop, id(spec), None)
-        return serial
 _loaded = {"builtins": False, "entry_points": False}
 #: ``provider() -> iterable of (origin, KernelSpec)``: the built-in kernels, imported when the
 #: registry is first used (see :func:`set_builtin_provider`).
@@ -489,8 +475,28 @@ def register(spec: KernelSpec | None = None, /, *, replace: bool = False,
 def _registered_here(spec: KernelSpec) -> None:
     """Remember that ``spec`` was registered in this process (see :func:`ensure_registered`)."""
     if id(spec) not in _REGISTERED_HERE:
-        _REGISTERED_HERE.add(id(spec))
-        weakref.finalize(spec, _REGISTERED_HERE.discard, id(spec))
+        _per_object(_REGISTERED_HERE, spec, True)
+
+
+def spec_serial(spec: KernelSpec) -> int:
+    """A number that names ``spec``, this very object, in this process: the same for as long as
+    it lives, and never given to another. The Dask keys of a kernel's results include it
+    (besides its name), so that a kernel registered anew under a name already used
+    (``replace=True``) gets new keys: a cluster that still holds the results of the kernel it
+    replaced would otherwise hand those back for the same keys."""
+    with _LOCK:
+        serial = _SERIALS.get(id(spec))
+        if serial is None:
+            serial = next(_NEXT_SERIAL)
+            _per_object(_SERIALS, spec, serial)
+        return serial
+
+
+def _per_object(table: dict, spec: KernelSpec, value) -> None:
+    """``table[id(spec)] = value`` for as long as ``spec`` lives: the entry goes with it, before
+    its id can name another object."""
+    table[id(spec)] = value
+    weakref.finalize(spec, table.pop, id(spec), None)
 
 
 def _spec_from_fields(fields: Mapping[str, Any]) -> KernelSpec:
