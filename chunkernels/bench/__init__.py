@@ -388,6 +388,22 @@ def write_plots(name: str, plots, out_dir: Path) -> list[Path]:
 # -- timing ---------------------------------------------------------------------------------------
 
 
+def on_host(*arrays) -> list[np.ndarray]:
+    """Dask arrays computed in one go and brought to this process as NumPy arrays, each block
+    copied to the host where it is computed: nothing lands on this process's GPU, which on a
+    ``LocalCUDACluster`` is one of the workers' (a 4 GiB image once ran it out of memory)."""
+    import dask
+
+    on_workers = [a.map_blocks(_block_on_host, meta=np.empty((0,) * a.ndim, a.dtype))
+                  for a in arrays]
+    return [np.asarray(a) for a in dask.compute(*on_workers)]
+
+
+def _block_on_host(block):
+    """On a worker: ``block`` as a NumPy array."""
+    return block.get() if cuda.is_cupy_array(block) else np.asarray(block)
+
+
 def free_device_memory() -> None:
     """Hand the device memory a finished benchmark cached in CuPy's pool back to the device, so
     that the next benchmark starts with all of it (nothing to do on a machine without a GPU)."""

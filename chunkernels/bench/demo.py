@@ -50,6 +50,7 @@ from chunkernels.bench import (
     array_shape,
     chunk_shapes,
     clusters,
+    on_host,
     sweep,
 )
 from chunkernels.demo import PIPELINE, WARM_UP_CHUNK_MAX, WARM_UP_SIZE_MAX, warm_up
@@ -82,7 +83,7 @@ def run(args) -> dict:
             where = f"{workers} {'GPU' if kind == 'gpu' else 'CPU'} worker(s)"
             with progress.run(f"chunkernels on {where}, {shape[0]}x{shape[1]}"):
                 image = _sky(shape, chunk, kind == "gpu", client)
-                host = _host(image.compute())
+                (host,) = on_host(image)
                 if reference is None or not np.array_equal(host, data):
                     data, reference = host, _cached_reference(host, args.out)
                 ready = None
@@ -218,17 +219,17 @@ def _cached_reference(data, folder) -> dict:
     path = Path(folder) / f"demo-reference-{data.shape[0]}x{data.shape[1]}-{digest[:32]}.npz"
     if path.is_file():
         with np.load(path) as saved:
-            clip = saved["background"]
-            background = ClipResult(clip[0].astype(data.dtype), *map(float, clip[1:2]),
-                                    *map(int, clip[2:4]), *map(float, clip[4:7]),
-                                    bool(clip[7]))
+            # the median keeps the data's float type (a NumPy scalar); the rest are Python's
+            background = ClipResult(**{
+                f: saved[f"clip_{f}"][()] if f == "median" else saved[f"clip_{f}"].item()
+                for f in ClipResult._fields})
             return {"background": background, "level": float(saved["level"]),
                     "count": int(saved["count"]), "y": saved["y"], "x": saved["x"],
                     "flux": saved["flux"]}
     reference = _reference(data)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(path.with_suffix(".tmp.npz"), background=np.array(reference["background"],
-                                                                dtype=np.float64),
+    np.savez(path.with_suffix(".tmp.npz"),
+             **{f"clip_{f}": v for f, v in reference["background"]._asdict().items()},
              **{k: reference[k] for k in ("level", "count", "y", "x", "flux")})
     path.with_suffix(".tmp.npz").replace(path)
     return reference
@@ -346,10 +347,6 @@ def _matched(ours, theirs) -> dict:
             "ours_unmatched": int(len(ours) - np.unique(nearest[close]).size),
             "offset_median": float(np.median(offsets)) if offsets.size else None,
             "offset_p95": float(np.percentile(offsets, 95)) if offsets.size else None}
-
-
-def _host(a):
-    return a.get() if cuda.is_cupy_array(a) else np.asarray(a)
 
 
 def _markdown(r) -> str:

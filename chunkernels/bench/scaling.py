@@ -335,7 +335,7 @@ def _measure_label(client, gpu, x, repeat, scipy_check=True) -> dict:
     if x.size <= SCIPY_CHECK:
         import scipy.ndimage as ndi
 
-        host, got = _host(image, labels)
+        host, got = bench.on_host(image, labels)
         want, n = ndi.label(host)
         assert n == check["count"], f"label: {check['count']} labels, SciPy finds {n}"
         assert_close(got, want.astype(got.dtype), err_msg="label differs from SciPy's")
@@ -381,9 +381,7 @@ def _scipy_checksums(image, check: dict) -> None:
     import dask.array as da
     import scipy.ndimage as ndi
 
-    # each block copied to the host where it lives: the image never lands on this process's
-    # GPU, which may be a worker's (a LocalCUDACluster's first GPU)
-    host = image.map_blocks(_on_host, meta=np.empty((0,) * image.ndim, image.dtype)).compute()
+    (host,) = bench.on_host(image)
     want, n = ndi.label(host)
     del host
     assert n == check["count"], f"label: {check['count']} labels, SciPy finds {n}"
@@ -396,11 +394,6 @@ def _scipy_checksums(image, check: dict) -> None:
                            f"{image.npartitions} blocks, e.g. block row {different[0][0]}, "
                            f"checksum pair {different[0][1] // 2}")
     check["scipy"] = "checksums"
-
-
-def _on_host(block):
-    """On a worker: ``block`` as a NumPy array."""
-    return block.get() if cuda.is_cupy_array(block) else np.asarray(block)
 
 
 def _check_labels(labels) -> None:
@@ -427,7 +420,7 @@ def _check(label, z, x, reference, check) -> None:
     if check == "twin":
         other = reference(x)
         windows = [w for w, _ in _windows(x, (0,) * x.ndim, per_block=False)]
-        pieces = _host(*(a[w] for w in windows for a in (z, other)))
+        pieces = bench.on_host(*(a[w] for w in windows for a in (z, other)))
         for i, window in enumerate(windows):
             assert_close(pieces[2 * i], pieces[2 * i + 1], rtol=CHECK_TOLERANCE,
                          atol=CHECK_TOLERANCE,
@@ -440,7 +433,7 @@ def _check(label, z, x, reference, check) -> None:
                      for w, b, d in zip(window, bounds, depth))
         inner = tuple(slice(w.start - s.start, w.stop - s.start) for w, s in zip(window, wide))
         plan.append((window, wide, inner))
-    pieces = _host(*(a for window, wide, _ in plan for a in (z[window], x[wide])))
+    pieces = bench.on_host(*(a for window, wide, _ in plan for a in (z[window], x[wide])))
     for i, (window, _, inner) in enumerate(plan):
         assert_close(pieces[2 * i], reference(pieces[2 * i + 1])[inner], rtol=CHECK_TOLERANCE,
                      atol=CHECK_TOLERANCE, err_msg=f"{label} is wrong on window {window} of "
@@ -475,13 +468,6 @@ def _windows(x, depth, *, per_block: bool):
                     for b, m, n in zip(middle, margin, x.shape)), whole
     yield tuple(slice(0, min(n, m)) for n, m in zip(x.shape, margin)), whole
     yield tuple(slice(max(0, n - m), n) for n, m in zip(x.shape, margin)), whole
-
-
-def _host(*arrays) -> list[np.ndarray]:
-    """Small Dask arrays computed in one go and brought to this process as NumPy arrays."""
-    import dask
-
-    return [a.get() if cuda.is_cupy_array(a) else np.asarray(a) for a in dask.compute(*arrays)]
 
 
 def _keys(z) -> list:
