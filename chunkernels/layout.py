@@ -147,6 +147,20 @@ def pointer(a) -> int:
     return data.ptr if hasattr(data, "ptr") else a.ctypes.data
 
 
+def lowest_pointer(a) -> int:
+    """Address of the element of non-empty ``a`` lowest in memory, whatever the signs of its
+    strides (its first element's, :func:`pointer`, when none is negative)."""
+    return pointer(a) + sum(min(0, s) * (n - 1) for s, n in zip(a.strides, a.shape))
+
+
+def is_dense(a) -> bool:
+    """Whether ``a``'s elements fill a run of memory without gaps, in some order: walked in
+    memory order, it collapses to one axis of unit stride (C or Fortran order, every axis reversed,
+    a single element)."""
+    plan = plan_pointwise(a)
+    return not plan.shape or (len(plan.shape) == 1 and abs(plan.strides[0][0]) == 1)
+
+
 def plan_pointwise(out, *inputs) -> PointwisePlan:
     """Plan a walk over ``out`` and same-shape ``inputs`` (broadcast views allowed).
 

@@ -11,8 +11,11 @@ from chunkernels.layout import (
     LayoutError,
     element_strides,
     empty_like,
+    is_dense,
+    lowest_pointer,
     memory_order,
     plan_pointwise,
+    pointer,
 )
 
 
@@ -233,3 +236,23 @@ def test_vector_width_broadcast_operand():
     strided = aligned_empty((4, 16), "float32")[:, ::2]  # inner stride 2: never vectorised
     plan = plan_pointwise(out, strided)
     assert plan.vector_width((out, strided), broadcast_ok=(1,)) == 1
+
+
+@pytest.mark.parametrize("view, dense", [
+    (lambda a: a, True),                      # C order
+    (lambda a: a.T, True),                    # Fortran order
+    (lambda a: a[::-1, ::-1], True),          # reversed: the same memory, read backwards
+    (lambda a: a[:, ::-1], False),            # no gap, but rows run backwards, the block
+                                              # forwards: not one run (read as a walk)
+    (lambda a: a[1:2, 3:4], True),            # one element
+    (lambda a: a[1:3], True),                 # whole rows
+    (lambda a: a[:, 1:3], False),             # a gap after each row's piece
+    (lambda a: a[::2], False),
+])
+def test_a_dense_view_and_its_lowest_address(view, dense):
+    base = np.arange(4 * 6, dtype=np.float32).reshape(4, 6)
+    a = view(base)
+    assert is_dense(a) is dense
+    # the lowest element address: the smallest of every element's
+    addresses = [pointer(base) + base.itemsize * int(v) for v in a.ravel()]
+    assert lowest_pointer(a) == min(addresses)

@@ -465,7 +465,7 @@ def run_of(blocks) -> list:
     costs the host and the device a launch's fixed work each; the others' :func:`walks`."""
     cp = cuda.cupy()
     blocks = [b for b in blocks if b.size]
-    is_dense = [_dense(b) for b in blocks]
+    is_dense = [layout.is_dense(b) for b in blocks]
     dense = [b for b, d in zip(blocks, is_dense) if d]
     rest = [w for b, d in zip(blocks, is_dense) if not d for w in walks(b)]
     if len(dense) < 2:
@@ -475,23 +475,9 @@ def run_of(blocks) -> list:
     grid = max(1, min(-(-n // (_THREADS * _UNROLL)), _grid_limit(cp)))
     index64 = n + grid * _THREADS * _UNROLL > layout.INT32_MAX
     i = np.int64 if index64 else np.int32
-    starts = [_first_element(b) for b in dense]
+    starts = [layout.lowest_pointer(b) for b in dense]
     return [Run(dense[0], cp.asarray(np.array(starts, dtype=np.uint64)), cp.asarray(ends.astype(i)),
                 i(n), index64, grid)] + rest
-
-
-def _dense(block) -> bool:
-    """Whether ``block``'s elements fill a run of memory without gaps (walked in memory order,
-    it collapses to one axis of unit stride)."""
-    plan = layout.plan_pointwise(block)
-    return not plan.shape or (len(plan.shape) == 1 and abs(plan.strides[0][0]) == 1)
-
-
-def _first_element(block) -> int:
-    """The address of the lowest element of a contiguous block (its first in memory, whatever
-    the signs of its strides)."""
-    offset = sum(min(0, s) * (n - 1) for s, n in zip(block.strides, block.shape))
-    return block.data.ptr + offset
 
 
 def launch(block_walks, row, scratch, p) -> None:
