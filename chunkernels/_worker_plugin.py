@@ -1,4 +1,5 @@
-"""What chunkernels sets up on GPU workers (:func:`chunkernels.cluster.tune_gpu_workers`).
+"""What chunkernels sets up on the workers of the clusters it starts or tunes
+(:func:`chunkernels.cluster.client`, :func:`chunkernels.cluster.tune_gpu_workers`).
 
 Imports ``distributed``: imported only where a cluster is set up.
 """
@@ -21,3 +22,15 @@ class SwitchInterval(WorkerPlugin):
 
     def setup(self, worker) -> None:
         sys.setswitchinterval(self.seconds)
+
+
+class CPUWorkers(WorkerPlugin):
+    """Marks the workers of a CPU cluster (``chunkernels.cluster.client(gpus=0)``, or one
+    started where no GPU is visible): on a host with GPUs they see them too (a worker of threads
+    is this process), but they were asked for as CPU workers, and the library makes and
+    describes their data as NumPy. Also on workers that join or restart later."""
+
+    name = "chunkernels-cpu-workers"
+
+    def setup(self, worker) -> None:
+        pass

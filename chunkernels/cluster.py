@@ -120,12 +120,16 @@ def client(gpus: int | None = None, scheduler: str | None = None, *, threads: in
     except BaseException:
         cluster.close()
         raise
-    if devices:
-        try:
+    try:
+        if devices:
             tune_gpu_workers(c)
-        except BaseException:
-            c.close()
-            raise
+        else:
+            from chunkernels._worker_plugin import CPUWorkers
+
+            c.register_plugin(CPUWorkers())
+    except BaseException:
+        c.close()
+        raise
     return c
 
 
@@ -252,7 +256,8 @@ def worker_count(c) -> int:
 
 
 def gpu_names(c) -> list[str]:
-    """The GPU name of each of client ``c``'s workers that has one (in worker order)."""
+    """The GPU name of each of client ``c``'s workers that has one (in worker order); none for
+    the workers of a CPU cluster that :func:`client` started, even on a host with GPUs."""
     return [name for _, name in sorted(c.run(_gpu_name).items()) if name]
 
 
@@ -264,8 +269,13 @@ def describe(c) -> str:
     return f"{n} worker(s) on {where}, scheduler {c.scheduler.address}"
 
 
-def _gpu_name() -> str:
-    """Runs on a worker: the name of its GPU, or '' when it has none (or no CuPy)."""
+def _gpu_name(dask_worker=None) -> str:
+    """Runs on a worker: the name of its GPU, or '' when it has none (or no CuPy), or when it is
+    a worker of a CPU cluster that :func:`client` started (it may see the host's GPUs)."""
+    from chunkernels._worker_plugin import CPUWorkers
+
+    if dask_worker is not None and CPUWorkers.name in dask_worker.plugins:
+        return ""
     if cuda.gpu_count() == 0:
         return ""
     cp = cuda.cupy()

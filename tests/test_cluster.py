@@ -31,6 +31,18 @@ def test_cpu_cluster_of_threads_runs_apply_and_closes_with_the_client(moving_sum
     assert started.status.name == "closed"
 
 
+def test_a_cpu_cluster_on_a_host_with_gpus_is_described_as_cpu(monkeypatch):
+    # its worker of threads is this process, which sees the host's GPUs: it was still asked
+    # for as a CPU worker (gpus=0), and the demo and the benchmarks make NumPy data on it
+    from chunkernels import cuda
+
+    monkeypatch.setattr(cuda, "gpu_count", lambda: 1)
+    with cluster.client(gpus=0, **QUIET) as c:
+        assert cluster.gpu_names(c) == []
+        assert cluster.describe(c).startswith("1 worker(s) on CPU, scheduler ")
+        assert c.run(cluster._gpu_name) == {w: "" for w in c.scheduler_info()["workers"]}
+
+
 def test_cpu_cluster_of_processes(moving_sum):
     x_np = random_array(np.random.default_rng(1), (8, 12), "int64")
     with cluster.client(gpus=0, processes=True, n_workers=2, threads=1, **QUIET) as c:
