@@ -30,6 +30,7 @@ cross workers, batched per pair of workers (:func:`overlap`).
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -128,11 +129,11 @@ class BlockSource:
     in memory (:func:`in_memory_blocks`), the blocks. It pickles, so a layer built where it runs
     (:func:`chosen_array`) can carry it.
 
-    With ``absorb``, the blocks of a layer of one task per block over persisted blocks (a
-    per-block step such as ``threshold`` on a persisted image, as :func:`placement` with
-    ``computed`` sees it) are computed inside the tasks that read them: the argument is the
-    block's task itself, run in place, and the step's own tasks drop out of the graph when it is
-    optimised (on a cluster each task costs Dask's handling, a millisecond or more, whatever
+    With ``absorb``, blocks computed from persisted blocks by per-block steps (``threshold`` on a
+    persisted image, Dask's elementwise operations and slices, as :func:`placement` with
+    ``computed`` sees them) are computed inside the tasks that read them: the argument is the
+    block's task itself with the tasks it reads inlined, run in place, and the steps' own tasks
+    drop out of the graph when it is optimised (on a cluster each task costs Dask's handling, a millisecond or more, whatever
     its work)."""
 
     __slots__ = ("held", "inline", "name")
@@ -172,21 +173,30 @@ def _block_source(name, held, inline=None):
 
 
 def _inline_blocks(a) -> dict | None:
-    """``{index: (the block's task, unkeyed, to run inside another; a reference to a persisted
-    block it reads)}`` where every block of ``a`` is a task over persisted blocks (see
+    """``{index: (the block's task, unkeyed, to run inside another, with the lazy tasks below
+    it that it reads inlined too; a reference to a persisted block it reads)}`` where every
+    block of ``a`` is computed from persisted blocks by tasks that no other block reads (see
     :func:`_block_sources`), else None."""
     plan = _block_sources(a, True)
     if plan is None or not plan[1] or len(plan[1]) != a.npartitions:
         return None
     from dask.task_spec import Task, TaskRef
 
-    layer = a.dask.layers[a.name]
-    blocks = {}
-    for key, deps in plan[1].items():
-        task = layer[key]
-        blocks[key[1:]] = (Task(None, task.func, *task.args, **task.kwargs),
-                           TaskRef(min(deps, key=str)))
-    return blocks
+    tasks = plan[3]
+    readers = collections.Counter(d for t in tasks.values() for d in t.dependencies
+                                  if d in tasks)
+    if any(n > 1 for n in readers.values()):  # inlined twice, it would run twice
+        return None
+
+    def inline(key):
+        task = tasks[key]
+        below = {d: inline(d) for d in task.dependencies if d in tasks}
+        if below:
+            task = task.substitute(below)
+        return Task(None, task.func, *task.args, **task.kwargs)
+
+    return {key[1:]: (inline(key), TaskRef(min(deps, key=str)))
+            for key, deps in plan[1].items()}
 
 
 class Tasks:
@@ -565,10 +575,10 @@ def placement(a, *, computed: bool = False) -> dict[tuple, str] | None:
     are futures of the current distributed client, each held by one worker, else None (lazy or
     local blocks, or blocks held twice).
 
-    With ``computed``, also where they will be computed: a block of a layer built here (a task
-    per block, as :func:`map_blocks` makes them, ``threshold`` for one) whose every dependency is
-    a persisted block held by the same worker is computed there (Dask runs a task where its
-    inputs are).
+    With ``computed``, also where they will be computed: a lazy block computed by tasks of one
+    block each (:func:`map_blocks`, ``threshold``, Dask's elementwise operations and slices; up
+    to :data:`LAZY_LAYERS` of them) from persisted blocks all held by the same worker is
+    computed there (Dask runs a task where its inputs are).
     """
     return placements([a], computed=computed)[0]
 
@@ -581,40 +591,65 @@ def placements(arrays, *, computed: bool = False) -> list[dict[tuple, str] | Non
     plans = [_block_sources(a, computed) for a in arrays]
     futures = {f.key: f for plan in plans if plan is not None for f in plan[0].values()}
     who = client.who_has(list(futures.values())) if futures else {}
-    return [None if plan is None else _placed(*plan, who) for plan in plans]
+    return [None if plan is None else _placed(*plan[:3], who) for plan in plans]
+
+
+#: How many layers of per-block tasks (Dask's elementwise operations and slicing,
+#: ``map_blocks``, ``threshold``) :func:`placement` with ``computed`` looks through, down to the
+#: persisted blocks they read; and how many tasks a layer it reads may have, per block of the
+#: array (a layer it looks into is materialised, as the scheduler would materialise it).
+LAZY_LAYERS = 16
+LAZY_TASKS_PER_BLOCK = 4
 
 
 def _block_sources(a, computed):
-    """``({key: future}, {block key: its dependencies' keys})`` for :func:`placements`: the
-    persisted blocks ``a`` is or reads, and which of them each lazy block reads; None where
-    its placement cannot be known."""
+    """``({key: future}, {block key: the persisted keys it reads}, keys, {lazy key: task})`` for
+    :func:`placements`: the persisted blocks ``a`` is or reads, which of them each lazy block
+    reads (through up to :data:`LAZY_LAYERS` layers of tasks), the array's block keys, and the
+    lazy tasks between them; None where its placement cannot be known (a block that reads no
+    persisted block, or a layer of many more tasks than blocks: a reduction, a rechunk)."""
     layer = a.dask.layers.get(a.name)
-    if layer is None or not layer.is_materialized() or len(layer) != a.npartitions:
+    if layer is None or len(layer) != a.npartitions or not (
+            computed or layer.is_materialized()):
         return None
     from dask.task_spec import Task
     from distributed import Future
 
-    futures, reads = {}, {}
-    for key, value in layer.items():
+    limit = LAZY_TASKS_PER_BLOCK * max(1, a.npartitions)
+    futures, reads, tasks, seen = {}, {}, {}, {}
+
+    def node(key):
+        below = a.dask.layers.get(key[0]) if isinstance(key, tuple) and key else None
+        if below is None or len(below) > limit:
+            return None
+        return below.get(key)
+
+    def persisted(key, depth):
+        """The persisted keys that ``key`` reads, None where not known."""
+        if key in seen:
+            return seen[key]
+        value = node(key)
+        found = None
         if isinstance(value, Future):
             futures[key] = value
-        elif computed and isinstance(value, Task) and value.dependencies:
-            reads[key] = value.dependencies
-        else:
+            found = frozenset((key,))
+        elif depth and isinstance(value, Task) and value.dependencies:
+            below = [persisted(d, depth - 1) for d in value.dependencies]
+            if all(b is not None for b in below):
+                tasks[key] = value
+                found = frozenset().union(*below)
+        seen[key] = found
+        return found
+
+    for key in layer:
+        value = layer[key]
+        if isinstance(value, Future):
+            futures[key] = value
+        elif not computed or (found := persisted(key, LAZY_LAYERS)) is None or key not in tasks:
             return None
-    if reads:  # the persisted blocks the lazy ones read
-        held = {}
-        for name in a.dask.dependencies.get(a.name, ()):
-            below = a.dask.layers[name]
-            if not below.is_materialized():
-                return None
-            held.update(below)
-        for deps in reads.values():
-            for dep in deps:
-                if not isinstance(held.get(dep), Future):
-                    return None
-                futures[dep] = held[dep]
-    return futures, reads, list(layer)
+        else:
+            reads[key] = found
+    return futures, reads, list(layer), tasks
 
 
 def _placed(futures, reads, keys, who) -> dict[tuple, str] | None:

@@ -209,29 +209,38 @@ def test_gpu_workers_run_placed_blocks_in_group_tasks(monkeypatch, params, chunk
         np.testing.assert_allclose(z.compute(), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("chunks, shape, structure, workers, lazy", [
-    ((16, 16), (64, 48), None, 2, True),
-    ((16, 16), (64, 48), None, 3, False),
-    ((7, 50), (30, 101), np.ones((3, 3)), 3, True),  # uneven edges, 8-connected
-    ((5, 6, 4), (10, 12, 8), None, 1, True),
-    ((5, 6, 4), (10, 12, 8), np.ones((3, 3, 3)), 2, False),
+@pytest.mark.parametrize("chunks, shape, structure, workers, mask_of", [
+    ((16, 16), (64, 48), None, 2, "threshold"),
+    ((16, 16), (64, 48), None, 3, "persisted"),
+    ((16, 16), (64, 48), None, 2, "dask"),        # Dask's elementwise layers: (x * 2) > 1.2
+    ((16, 16), (64, 48), None, 3, "flipped"),     # a slice, then a comparison
+    ((7, 50), (30, 101), np.ones((3, 3)), 3, "threshold"),  # uneven edges, 8-connected
+    ((7, 50), (30, 101), np.ones((3, 3)), 2, "dask"),
+    ((5, 6, 4), (10, 12, 8), None, 1, "threshold"),
+    ((5, 6, 4), (10, 12, 8), None, 1, "dask"),
+    ((5, 6, 4), (10, 12, 8), np.ones((3, 3, 3)), 2, "persisted"),
 ])
 def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, shape, structure,
-                                                          workers, lazy):
-    """On GPU workers (NumPy blocks stand in here) the label of placed blocks, or of a per-block
-    step over them (a threshold), runs a few tasks per worker: a local labelling, its summaries,
-    a relabelling that reads one summary per worker; labels and count equal SciPy's."""
+                                                          workers, mask_of):
+    """On GPU workers (NumPy blocks stand in here) the label of placed blocks, or of per-block
+    steps over them (a threshold, Dask's elementwise operations and slices), runs a few tasks
+    per worker: a local labelling, its summaries, a relabelling that reads one summary per
+    worker; labels and count equal SciPy's."""
     import chunkernels
 
     monkeypatch.setattr(_halo, "group_placed", lambda metas: True)
     if workers == 3:  # groups of at most 3 blocks of labels (int32)
         monkeypatch.setattr(_halo, "PLACED_GROUP_BYTES", 3 * 4 * int(np.prod(chunks)))
     x_np = np.random.default_rng(11).random(shape)
-    want, want_n = ndi.label(x_np > 0.6, structure)
+    flip = (slice(None, None, -1),) if mask_of == "flipped" else ()
+    want, want_n = ndi.label(x_np[flip] > 0.6, structure)
+    lazy = mask_of != "persisted"
     with processes(workers) as client:
         x = cluster.distribute(da.from_array(x_np, chunks=chunks))
-        mask = chunkernels.apply(x, "threshold", value=0.6) if lazy else cluster.distribute(
-            x > 0.6)
+        mask = {"threshold": lambda: chunkernels.apply(x, "threshold", value=0.6),
+                "persisted": lambda: cluster.distribute(x > 0.6),
+                "dask": lambda: (x * 2) > 1.2,
+                "flipped": lambda: x[flip] > 0.6}[mask_of]()
         assert _graph.placement(mask, computed=True) is not None
         labels, n = ndimage.label(mask, structure)
         graph = graph_on_a_cluster(labels)
