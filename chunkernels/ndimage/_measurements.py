@@ -1281,9 +1281,15 @@ class DaskColumns(dict):
         (Dask's handling of each, a few milliseconds on a cluster, is what a column costs)."""
         import dask
 
+        return dask.compute(self.to_delayed(host))[0]
+
+    def to_delayed(self, host: bool = False):
+        """The one task :meth:`compute` runs, as a ``dask.delayed`` value (the dict of columns),
+        to compute or persist together with other collections: ``dask.persist(labels, count,
+        table.to_delayed())`` sends the labelling and its measurements to a cluster in one
+        graph, where computing them one after the other pays the scheduler's round trip twice."""
         fn = functools.partial(_all_columns, self._fns, bool(host))
-        one = _graph.delayed_of_single_block(fn, self._table, token=(self._token, bool(host)))
-        return dask.compute(one)[0]
+        return _graph.delayed_of_single_block(fn, self._table, token=(self._token, bool(host)))
 
 
 def _all_columns(fns, host, table):
