@@ -152,6 +152,12 @@ def tune_gpu_workers(c, switch_interval: float = SWITCH_INTERVAL) -> None:
     to 79 ms, and the label of its ``x < 0.4`` from 128 to 116 ms; runs of one host move by up
     to a tenth between calls.
 
+    Where CuPy allocates from its own memory pool (no RMM), it also has Numba allocate from that
+    pool (:func:`chunkernels._worker_plugin.share_cupy_pool_with_numba`): Dask moves CuPy blocks
+    onto a GPU through Numba (received from another worker, or read back after dask-cuda
+    spilled them to host memory), and outside the pool those allocations fail while the pool
+    keeps the memory that spilling freed.
+
     :func:`client` does this for the GPU clusters it starts; call it once for a cluster started
     otherwise (``dask cuda worker``, ``client(scheduler=...)``). CPU workers keep Python's
     default: their tasks compute, and a shorter interval only makes their threads trade the
@@ -159,13 +165,14 @@ def tune_gpu_workers(c, switch_interval: float = SWITCH_INTERVAL) -> None:
     """
     import numbers
 
-    from chunkernels._worker_plugin import SwitchInterval
+    from chunkernels._worker_plugin import NumbaOnCuPyPool, SwitchInterval
 
     if isinstance(switch_interval, bool) or not isinstance(switch_interval, numbers.Real) or \
             not 0 < switch_interval <= 1:
         raise ValueError(f"switch_interval={switch_interval!r}; expected seconds, more than 0 "
                          f"and at most 1 (Python's default is 0.005)")
     c.register_plugin(SwitchInterval(float(switch_interval)))
+    c.register_plugin(NumbaOnCuPyPool())
 
 
 #: ``current()``: the ``distributed.Client`` Dask would compute on now, or ``None``, found

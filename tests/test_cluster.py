@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -316,3 +317,36 @@ def test_gpu_clusters_started_here_have_a_short_switch_interval():
     pytest.importorskip("dask_cuda")
     with cluster.client(gpus=1, dashboard_address=None) as c:
         assert set(c.run(sys.getswitchinterval).values()) == {cluster.SWITCH_INTERVAL}
+
+
+def _numba_allocates_from_cupys_pool():
+    """On a worker: the bytes CuPy's pool holds for a Numba array of 64 MiB, and after it."""
+    import cupy
+    from numba import cuda as numba_cuda
+
+    pool = cupy.get_default_memory_pool()
+    before = pool.used_bytes()
+    a = numba_cuda.device_array(16 * 2**20, dtype="float32")
+    during = pool.used_bytes() - before
+    name = type(numba_cuda.current_context().memory_manager).__name__
+    del a
+    return during, pool.used_bytes() - before, name
+
+
+@pytest.mark.gpu
+def test_gpu_workers_numba_allocates_from_cupys_pool_and_a_block_reaches_a_worker():
+    # without RMM, Dask moves CuPy blocks onto a worker's GPU through Numba: from CuPy's pool,
+    # the memory that dask-cuda's spilling gives back to the pool serves them
+    pytest.importorskip("dask_cuda")
+    pytest.importorskip("numba")
+    import cupy
+
+    if importlib.util.find_spec("rmm") is not None:
+        pytest.skip("with RMM, Dask and CuPy allocate through RMM")
+    with cluster.client(gpus=1, dashboard_address=None) as c:
+        (during, after, name), = c.run(_numba_allocates_from_cupys_pool).values()
+        assert name == "CuPyPoolMemoryManager"
+        assert during >= 64 * 2**20 and after == 0
+        block = cupy.arange(1_000_000, dtype=cupy.float64)
+        (future,) = c.scatter([block])  # deserialised on the worker, onto its GPU
+        assert c.submit(lambda b: float(b.sum()), future).result() == float(block.sum())

@@ -106,9 +106,10 @@ def _attempt(client, gpu, shape, chunks, timeout, unit) -> dict:
     except TimeoutError:
         client.cancel(futures_of(pending))
         out["outcome"] = f"{step}: did not finish in {timeout:.0f} s (cancelled)"
-    except MemoryError as exc:  # GPUOutOfMemoryError among them, from a worker
+    except Exception as exc:  # GPUOutOfMemoryError (a MemoryError) or another, from a worker:
+        # the row says which step failed and how, and the sweep goes on
         client.cancel(futures_of(pending))
-        out["outcome"] = f"{step}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        out["outcome"] = f"{step}: {type(exc).__name__}: {(str(exc) or '-').splitlines()[0]}"
     return out
 
 
