@@ -166,8 +166,9 @@ def test_a_gpu_worker_killed_mid_label_changes_nothing(gpus):
     structure = ndi.generate_binary_structure(2, 2)
     expected, expected_n = ndi.label(x_np, structure)
     with _gpu_cluster(gpus) as c:
-        x = c.persist(_on_gpus(x_np, (75, 65)))
-        wait(x, timeout=120)
+        # lazy blocks: the label runs a task per block ("-local"), whose results the worker
+        # loses (blocks persisted on the cluster would make worker groups, see placement)
+        x = _on_gpus(x_np, (75, 65))
         labels, count = cnd.label(x.map_blocks(_slow_copy, meta=x._meta), structure)
         labels, count = c.persist([labels, count])
         futures = futures_of(labels) + futures_of(count)

@@ -1102,3 +1102,26 @@ def test_wrap_axes_errors():
         ndimage.label(da.from_array(x, chunks=2), wrap_axes=5)
     assert ndimage.label(x, wrap_axes=-1)[1] == 1
     assert ndimage.label(x, wrap_axes=())[1] == 1
+
+
+def test_a_label_group_task_out_of_device_memory_raises_gpu_out_of_memory_naming_the_fix():
+    # the group tasks of the worker-groups shape: CuPy's (or RMM's) MemoryError becomes
+    # GPUOutOfMemoryError, which names the fixes; a host MemoryError stays what it is
+    from chunkernels import GPUOutOfMemoryError
+    from chunkernels.kernels.label import _graph as label_graph
+
+    cupy_oom = type("OutOfMemoryError", (MemoryError,), {"__module__": "cupy.cuda.memory"})
+
+    def fails(error):
+        @label_graph._naming_the_fix
+        def task(*blocks):
+            raise error
+        return task
+
+    with pytest.raises(GPUOutOfMemoryError, match=r"label: the GPU ran out of memory "
+                       r"\(OutOfMemoryError: Out of memory allocating 512 bytes\)\. Use smaller "
+                       r"chunks, more GPUs, or an earlier spill"):
+        fails(cupy_oom("Out of memory allocating 512 bytes"))(np.zeros(3))
+    with pytest.raises(MemoryError) as info:
+        fails(MemoryError("host"))(np.zeros(3))
+    assert type(info.value) is MemoryError

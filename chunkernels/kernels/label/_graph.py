@@ -18,7 +18,7 @@ import numpy as np
 import scipy.ndimage as ndi
 
 from chunkernels import _halo, cuda
-from chunkernels._errors import CPUFallbackWarning, UnsupportedBlockError
+from chunkernels._errors import CPUFallbackWarning, GPUOutOfMemoryError, UnsupportedBlockError
 from chunkernels._registry import KernelSpec
 from chunkernels.kernels.label._device_merge import _DeviceNumbering, _table_device, merge_device
 from chunkernels.kernels.label._forest import (
@@ -170,6 +170,36 @@ def _count(merged):
     return np.asarray(int(total), dtype=np.intp)
 
 
+def _naming_the_fix(fn):
+    """Task ``fn`` whose device running out of memory raises :class:`GPUOutOfMemoryError`,
+    which names the block, the device's memory and the fixes (smaller chunks, more GPUs, an
+    earlier spill), in place of the allocator's bare error: the group tasks hold a worker's
+    labels of many blocks, next to the arrays persisted on its GPU."""
+    @functools.wraps(fn)
+    def task(*args):
+        try:
+            return fn(*args)
+        except MemoryError as exc:
+            if isinstance(exc, GPUOutOfMemoryError) or type(exc).__module__.partition(".")[0] \
+                    not in ("cupy", "cupy_backends", "rmm"):
+                raise
+            failure = f"{type(exc).__name__}: {exc}"
+        # raised outside the except block: no frame of the failed work keeps its buffers
+        from chunkernels._dispatch import out_of_memory_error
+
+        blocks = [a for a in args if cuda.is_cupy_array(a)]
+        if not blocks:
+            raise GPUOutOfMemoryError(
+                f"label: the GPU ran out of memory ({failure}). Use smaller chunks, more GPUs, "
+                f"or an earlier spill to host memory (dask-cuda's device_memory_limit)")
+        block = max(blocks, key=lambda b: b.nbytes)
+        raise out_of_memory_error("label", block.shape, block.dtype, block.device,
+                                  (0,) * block.ndim, failure)
+
+    return task
+
+
+@_naming_the_fix
 def _label_blocks(plan: _MergePlan, local, dtype, blocks):
     """Steps 1 to 3 in one task: ``(every block's labels, the merge, the number of labels)``,
     the number an ``int`` or a :class:`_HostNumber`. Blocks labelled in a batch get their global
@@ -465,6 +495,7 @@ class _Part:
         return _Part, (self.written(), [], self.summaries)
 
 
+@_naming_the_fix
 def _label_part(local, *blocks) -> _Part:
     """Step 1 on one worker's blocks (the ``"worker groups"`` shape). A batch of one block is
     written out at once (its labels in its parent array, its scan of roots let go): a forest
@@ -496,11 +527,13 @@ def _in_block_order(order, summaries) -> list:
     return out
 
 
+@_naming_the_fix
 def _merged_of_parts(name, plan, order, *summaries):
     """Step 2 from the parts' summaries, on this worker (:func:`_merged_here`)."""
     return _merged_here(name, plan, _in_block_order(order, summaries))
 
 
+@_naming_the_fix
 def _relabel_part(name, plan, order, g, dtype, part: _Part, *summaries) -> list:
     """Step 3 on group ``g``'s blocks, with the merge made on this worker (:func:`_relabelled`;
     the part's forests are spent: relabelled in place)."""
