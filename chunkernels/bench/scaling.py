@@ -507,13 +507,24 @@ def _worker_transfers(dask_worker=None) -> tuple[int, int]:
     return dask_worker.transfer_outgoing_count_total, dask_worker.transfer_outgoing_bytes_total
 
 
+#: Elements of a block checksummed at a time (:func:`_block_checksum`): its int64 temporaries
+#: stay at 3 x 32 MiB, which a worker whose GPU holds an array larger than one GPU still finds.
+CHECKSUM_PIECE = 2**22
+
+
 def _block_checksum(block):
     """On a worker: an exact checksum of a block of labels (int64 sums of the labels and of the
-    labels weighted by their position), as a (1, 2) int64 NumPy array."""
+    labels weighted by their position), as a (1, 2) int64 NumPy array; a piece of the block at
+    a time (the same sums: integers add exactly in any order)."""
     xp = cuda.array_module(block)
-    flat = block.reshape(-1).astype(np.int64)
-    weights = xp.arange(flat.size, dtype=np.int64) % 1009 + 1
-    return np.array([[int(flat.sum()), int((flat * weights).sum())]], dtype=np.int64)
+    flat = block.reshape(-1)
+    total = weighted = 0
+    for start in range(0, flat.size, CHECKSUM_PIECE):
+        piece = flat[start:start + CHECKSUM_PIECE].astype(np.int64)
+        weights = (xp.arange(start, start + piece.size, dtype=np.int64) % 1009) + 1
+        total += int(piece.sum())
+        weighted += int((piece * weights).sum())
+    return np.array([[total, weighted]], dtype=np.int64)
 
 
 def _synchronize() -> None:
