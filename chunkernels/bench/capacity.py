@@ -3,7 +3,8 @@
 The multi-GPU issue's capacity case: a float32 array of about 40 GiB (104000², ``--size``) in
 8192² chunks (``--chunks``), made on the workers and placed in tiles
 (:func:`chunkernels.cluster.distribute`), filtered (``gaussian_filter``, σ=4, persisted) and then
-labelled (``label`` of ``filtered > 0.5``, persisted), on each cluster of the sweep
+labelled (``label`` of ``filtered > 0.5``, persisted; the input is released first, as the
+label reads the filtered array only), on each cluster of the sweep
 (``--gpus 1 2``). One H100 (80 GB) cannot hold the input and the output at once; there the run
 either completes by spilling results to host memory (dask-cuda's ``device_memory_limit``, on by
 default) or fails with :class:`~chunkernels.GPUOutOfMemoryError`, which names the fix; in no case
@@ -86,6 +87,12 @@ def _attempt(client, gpu, shape, chunks, timeout, unit) -> dict:
         scaling._check("capacity", smooth, x, scaling.implementations(
             scaling.HALO_PIPELINE)[scaling.CHUNKERNELS][1], "array")
         out["host_bytes_after_filter"] = sorted(client.run(_host_bytes).values())
+        # the label reads the filtered array only: its input goes, as a user's would (three
+        # arrays of this size are 3/4 of four H100s' memory, and the label's merge did not fit
+        # beside them)
+        held = [f.key for f in futures_of(x)]
+        del x
+        _released(client, held)
 
         step = "label"
         start = time.perf_counter()
@@ -111,6 +118,14 @@ def _attempt(client, gpu, shape, chunks, timeout, unit) -> dict:
         client.cancel(futures_of(pending))
         out["outcome"] = f"{step}: {type(exc).__name__}: {(str(exc) or '-').splitlines()[0]}"
     return out
+
+
+def _released(client, keys, timeout: float = 30.0) -> None:
+    """Wait until no worker holds ``keys`` (results whose last reference this process dropped:
+    the client tells the scheduler a moment later)."""
+    deadline = time.monotonic() + timeout
+    while any(client.who_has(keys).values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _host_bytes() -> int:
