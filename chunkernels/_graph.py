@@ -374,7 +374,7 @@ def _worker_groups_of(arrays) -> list[list[tuple]] | None:
     where = placements(arrays, computed=True)
     if any(w is None or w != where[0] for w in where):
         return None
-    return _by_worker(where[0], arrays[0].numblocks)
+    return by_worker(where[0], arrays[0].numblocks)
 
 
 def _each_block(block_task, origins, per_block, *blocks) -> list:
@@ -504,14 +504,18 @@ def add_block_note(exc: BaseException, about, where) -> None:
 
 
 def chosen_array(name: str, *, local: Callable[[], dict], cluster: Callable[[], dict],
-                 chunks, dtype, meta, dependencies: Sequence = ()):
+                 chunks, dtype, meta, dependencies: Sequence = (), placed=None):
     """A Dask array whose tasks ``local()`` builds when the graph is materialised in the process
     that made it (Dask's local schedulers) and ``cluster()`` builds where it was sent (a
     distributed scheduler). Both return ``{key: task}`` with the same output keys
     ``(name, *index)``; ``cluster`` must pickle (a module-level function or a
-    ``functools.partial`` of one)."""
-    return _array(_chosen_layer_class()(local, cluster), name, chunks, dtype, meta,
-                  dependencies)
+    ``functools.partial`` of one). ``placed``, ``{block index: worker address}``: where the
+    cluster shape computes each block, when the builder knows it (a label over placed blocks),
+    for :func:`placement` with ``computed`` (a graph built over the array before it runs, such
+    as measurements of lazy labels, then takes the same worker groups)."""
+    layer = _chosen_layer_class()(local, cluster)
+    layer.placed = None if placed is None else dict(placed)
+    return _array(layer, name, chunks, dtype, meta, dependencies)
 
 
 @functools.cache
@@ -529,6 +533,7 @@ def _chosen_layer_class():
             self.local = local
             self.cluster = cluster
             self.remote = remote
+            self.placed = None  # known where it was built: see chosen_array
             self._mapping = None
 
         @property
@@ -589,9 +594,10 @@ def placements(arrays, *, computed: bool = False) -> list[dict[tuple, str] | Non
     if client is None:
         return [None] * len(arrays)
     plans = [_block_sources(a, computed) for a in arrays]
-    futures = {f.key: f for plan in plans if plan is not None for f in plan[0].values()}
+    futures = {f.key: f for plan in plans if isinstance(plan, tuple) for f in plan[0].values()}
     who = client.who_has(list(futures.values())) if futures else {}
-    return [None if plan is None else _placed(*plan[:3], who) for plan in plans]
+    return [plan if isinstance(plan, dict) else None if plan is None else
+            _placed(*plan[:3], who) for plan in plans]
 
 
 #: How many layers of per-block tasks (Dask's elementwise operations and slicing,
@@ -607,8 +613,13 @@ def _block_sources(a, computed):
     :func:`placements`: the persisted blocks ``a`` is or reads, which of them each lazy block
     reads (through up to :data:`LAZY_LAYERS` layers of tasks), the array's block keys, and the
     lazy tasks between them; None where its placement cannot be known (a block that reads no
-    persisted block, or a layer of many more tasks than blocks: a reduction, a rechunk)."""
+    persisted block, or a layer of many more tasks than blocks: a reduction, a rechunk). A
+    layer of :func:`chosen_array` is not built here: its declared placement (``{index:
+    worker}``) where it has one, else None."""
     layer = a.dask.layers.get(a.name)
+    if isinstance(layer, _chosen_layer_class()):
+        placed = layer.placed if computed else None
+        return dict(placed) if placed is not None and len(placed) == a.npartitions else None
     if layer is None or len(layer) != a.npartitions or not (
             computed or layer.is_materialized()):
         return None
@@ -620,7 +631,7 @@ def _block_sources(a, computed):
 
     def node(key):
         below = a.dask.layers.get(key[0]) if isinstance(key, tuple) and key else None
-        if below is None or len(below) > limit:
+        if below is None or isinstance(below, _chosen_layer_class()) or len(below) > limit:
             return None
         return below.get(key)
 
@@ -673,10 +684,12 @@ def worker_groups(a) -> list[list[tuple]] | None:
     (:func:`placement` with ``computed``), each list in block order, the workers in address
     order; None where that is not known."""
     where = placement(a, computed=True)
-    return None if where is None else _by_worker(where, a.numblocks)
+    return None if where is None else by_worker(where, a.numblocks)
 
 
-def _by_worker(where, numblocks) -> list[list[tuple]]:
+def by_worker(where, numblocks) -> list[list[tuple]]:
+    """The block indices of :func:`placement`'s ``where`` per worker, each list in block order,
+    the workers in address order."""
     groups: dict[str, list] = {}
     for index in np.ndindex(*numblocks):
         groups.setdefault(where[index], []).append(index)

@@ -322,7 +322,9 @@ def warm_up(client, chunk=None, size=None) -> None:
 
 
 def _find(image, client, steps) -> _Found:
-    """The pipeline: κσ clipping, threshold + label, measure, each a timed step."""
+    """The pipeline: κσ clipping, threshold + label, measure, each a timed step. On Dask the
+    labelling and the measurements go out as one graph: the label step ends when the count is
+    back, the measure step when the catalogue is."""
     from chunkernels.ndimage import label, measure
     from chunkernels.sources import kappa_sigma_clip, threshold
     from chunkernels.sources._detect import CATALOGUE
@@ -333,17 +335,19 @@ def _find(image, client, steps) -> _Found:
     level = float(background.median) + NSIGMA * background.std
     with steps(labelling):
         labels, count = label(threshold(image, np.float64(level)))
+        table = measure(image, labels, properties=CATALOGUE, as_frame=False)
         if hasattr(count, "compute"):
-            # one graph for both: computed apart, the labels' persist (whose optimisation
-            # fuses the threshold into the labelling) and the count's compute would send
-            # the scheduler one key with two definitions
-            labels, count = _persist((labels, count), client)
+            # one graph for the three: computed apart, the labels' persist (whose optimisation
+            # fuses the threshold into the labelling) and the count's compute would send the
+            # scheduler one key with two definitions, and the measurements would wait for a
+            # round trip of their own. The table's task copies it to the host there.
+            labels, count, table = _persist((labels, count, table.to_delayed(host=True)),
+                                            client)
             count = _held_value(count, client)
         count = int(_host(count))
-    with steps(measuring):
-        table = measure(image, labels, properties=CATALOGUE, as_frame=False)
-        if hasattr(table, "compute"):  # Dask columns: all of them computed by one task
-            table = table.compute(host=True)
+    with steps(measuring):  # on Dask: the rest of the time until the table is back
+        if hasattr(table, "compute"):
+            table = _held_value(table, client)
         table = {k: _host(v) for k, v in table.items()}
     return _Found(image, background, level, count, labels, table)
 
@@ -419,8 +423,8 @@ def _persist(x, client):
 
 
 def _held_value(x, client):
-    """The single block of the persisted Dask array ``x``: on a cluster, fetched from the worker
-    that holds it (``x.compute()`` would send the scheduler a graph and run a task: 10 ms on a
+    """The single block of the persisted Dask array ``x`` (or the value of a persisted
+    ``dask.delayed``): on a cluster, fetched from the worker that holds it (``x.compute()`` would send the scheduler a graph and run a task: 10 ms on a
     GPU worker, against the 3 ms of the label itself), else computed."""
     if client is None:
         return x.compute()

@@ -305,6 +305,30 @@ def test_gpu_workers_measure_placed_blocks_in_worker_groups(monkeypatch, workers
             np.testing.assert_allclose(got[f"centroid-{axis}"], centroids[:, axis])
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_gpu_workers_measure_lazy_labels_of_placed_blocks_in_worker_groups(monkeypatch, workers):
+    """Labels not computed yet, of placed blocks, say where each of their blocks will be
+    computed (their input block's worker): measurements built over them in the same graph run a
+    task per worker, not a task per block, and the labels, count and table equal SciPy's."""
+    monkeypatch.setattr(_halo, "group_placed", lambda metas: True)
+    rng = np.random.default_rng(13)
+    x_np = rng.random((48, 40))
+    want, n = ndi.label(x_np > 0.55)
+    index = np.arange(1, n + 1)
+    with processes(workers) as client:
+        x = cluster.distribute(da.from_array(x_np, chunks=(12, 10)))
+        labels, count = ndimage.label(x > 0.55)
+        assert _graph.placement(labels, computed=True) == _graph.placement(x)
+        total = ndimage.sum_labels(x, labels, index)
+        graph = graph_on_a_cluster(total)
+        stats = [k for k in graph if str(k[0]).startswith("label_statistics-")]
+        assert len(stats) == (1 if workers == 1 else workers + 1)
+        labels, count, total = client.persist([labels, count, total])
+        np.testing.assert_array_equal(labels.compute(), want)
+        assert int(count.compute()) == n
+        np.testing.assert_allclose(total.compute(), ndi.sum_labels(x_np, want, index))
+
+
 # -- graph shapes chosen where the graph runs ---------------------------------------------------
 
 

@@ -147,7 +147,8 @@ def _sky(shape, chunk, gpu, client):
 
 def _pipeline(image, client) -> dict:
     """The demo's steps (:func:`chunkernels.demo`'s own pipeline, its full catalogue measured)
-    on a persisted image, each timed until its result is back:
+    on a persisted image, each timed until its result is back (the labels and the catalogue
+    from one graph: the measure step is the wait for the catalogue after the count):
     ``{"background", "level", "count", "table", "times"}``."""
     found, spans = _steps(image, client, time.perf_counter)
     return {"background": found.background, "level": found.level, "count": found.count,

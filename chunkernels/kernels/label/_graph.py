@@ -305,8 +305,9 @@ def plan(x, structure, dtype=None, *, strict=False):
     dependencies = [] if source.held is not None else [x]
     local = local_shape(xp)
     # on GPU workers whose blocks' places are known now: a few tasks per worker
-    groups = (_graph.worker_groups(x) if source.held is None and _halo.group_placed([x._meta])
-              else None)
+    where = (_graph.placement(x, computed=True)
+             if source.held is None and _halo.group_placed([x._meta]) else None)
+    groups = None if where is None else _graph.by_worker(where, x.numblocks)
     if groups is not None:  # a per-block step (threshold) runs inside the group tasks
         source = _graph.BlockSource(x, absorb=True)
     args = (name, source, x.numblocks, _MergePlan(x.shape, x.chunks, structure, dtype),
@@ -323,7 +324,8 @@ def plan(x, structure, dtype=None, *, strict=False):
     labels = _graph.chosen_array(
         name, local=functools.partial(_tasks, *args, local),
         cluster=functools.partial(_tasks, *args, *on_cluster), chunks=x.chunks,
-        dtype=dtype, meta=_graph.meta(x, dtype), dependencies=dependencies)
+        dtype=dtype, meta=_graph.meta(x, dtype), dependencies=dependencies,
+        placed=where)  # a chunk's pick runs where its input block is
     count_name = f"{name}-count"
     count = _graph.chosen_array(
         count_name, local=functools.partial(_count_tasks, name, x.numblocks, local),
