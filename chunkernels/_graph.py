@@ -133,8 +133,8 @@ class BlockSource:
     persisted image, Dask's elementwise operations and slices, as :func:`placement` with
     ``computed`` sees them) are computed inside the tasks that read them: the argument is the
     block's task itself with the tasks it reads inlined, run in place, and the steps' own tasks
-    drop out of the graph when it is optimised (on a cluster each task costs Dask's handling, a millisecond or more, whatever
-    its work)."""
+    drop out of the graph when it is optimised (on a cluster each task costs Dask's handling, a
+    millisecond or more, whatever its work)."""
 
     __slots__ = ("held", "inline", "name")
 

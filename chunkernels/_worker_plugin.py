@@ -6,6 +6,7 @@ Imports ``distributed``: imported only where a cluster is set up.
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from distributed import WorkerPlugin
@@ -76,14 +77,10 @@ def share_cupy_pool_with_numba() -> bool:
     return True
 
 
-_MANAGER = []
-
-
+@functools.cache
 def _numba_manager():
     """The Numba External Memory Management plugin class that allocates from CuPy's pool (made
     on first use: it derives from Numba's classes)."""
-    if _MANAGER:
-        return _MANAGER[0]
     import ctypes
 
     import cupy
@@ -107,12 +104,15 @@ def _numba_manager():
                 try:
                     memory = cupy.cuda.alloc(size)
                 except cupy.cuda.memory.OutOfMemoryError as exc:
+                    from dask.utils import format_bytes
+
                     free, total = cupy.cuda.runtime.memGetInfo()
+                    held = cupy.get_default_memory_pool().used_bytes()
                     raise GPUOutOfMemoryError(
                         f"out of device memory on GPU {device} while Dask moved a block of "
-                        f"{size} bytes onto it (read back after dask-cuda spilled it to host "
-                        f"memory, or received from another worker): {free} of {total} bytes "
-                        f"free, {cupy.get_default_memory_pool().used_bytes()} held by CuPy's "
+                        f"{format_bytes(size)} onto it (read back after dask-cuda spilled it to "
+                        f"host memory, or received from another worker): {format_bytes(free)} "
+                        f"free of {format_bytes(total)}, {format_bytes(held)} held by CuPy's "
                         f"arrays. Use more GPUs (chunkernels.cluster.client(gpus=N)), smaller "
                         f"chunks, or let dask-cuda spill sooner (client(..., "
                         f"device_memory_limit='60%'))") from exc
@@ -128,7 +128,6 @@ def _numba_manager():
         def interface_version(self):
             return 1
 
-    _MANAGER.append(CuPyPoolMemoryManager)
     return CuPyPoolMemoryManager
 
 

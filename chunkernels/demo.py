@@ -424,8 +424,9 @@ def _persist(x, client):
 
 def _held_value(x, client):
     """The single block of the persisted Dask array ``x`` (or the value of a persisted
-    ``dask.delayed``): on a cluster, fetched from the worker that holds it (``x.compute()`` would send the scheduler a graph and run a task: 10 ms on a
-    GPU worker, against the 3 ms of the label itself), else computed."""
+    ``dask.delayed``): on a cluster, fetched from the worker that holds it (``x.compute()``
+    would send the scheduler a graph and run a task: 10 ms on a GPU worker, against the 3 ms of
+    the label itself), else computed."""
     if client is None:
         return x.compute()
     from distributed import futures_of
