@@ -593,11 +593,21 @@ def placements(arrays, *, computed: bool = False) -> list[dict[tuple, str] | Non
     client = current_client()
     if client is None:
         return [None] * len(arrays)
-    plans = [_block_sources(a, computed) for a in arrays]
-    futures = {f.key: f for plan in plans if isinstance(plan, tuple) for f in plan[0].values()}
+    declared = [_declared_placement(a) if computed else None for a in arrays]
+    plans = [None if d is not None else _block_sources(a, computed)
+             for a, d in zip(arrays, declared)]
+    futures = {f.key: f for plan in plans if plan is not None for f in plan[0].values()}
     who = client.who_has(list(futures.values())) if futures else {}
-    return [plan if isinstance(plan, dict) else None if plan is None else
-            _placed(*plan[:3], who) for plan in plans]
+    return [d if d is not None else None if plan is None else _placed(*plan[:3], who)
+            for d, plan in zip(declared, plans)]
+
+
+def _declared_placement(a) -> dict[tuple, str] | None:
+    """Where the blocks of ``a`` will be computed, as the builder of its :func:`chosen_array`
+    layer declared it (``placed``), else None."""
+    layer = a.dask.layers.get(a.name)
+    placed = getattr(layer, "placed", None) if isinstance(layer, _chosen_layer_class()) else None
+    return dict(placed) if placed is not None and len(placed) == a.npartitions else None
 
 
 #: How many layers of per-block tasks (Dask's elementwise operations and slicing,
@@ -613,13 +623,11 @@ def _block_sources(a, computed):
     :func:`placements`: the persisted blocks ``a`` is or reads, which of them each lazy block
     reads (through up to :data:`LAZY_LAYERS` layers of tasks), the array's block keys, and the
     lazy tasks between them; None where its placement cannot be known (a block that reads no
-    persisted block, or a layer of many more tasks than blocks: a reduction, a rechunk). A
-    layer of :func:`chosen_array` is not built here: its declared placement (``{index:
-    worker}``) where it has one, else None."""
+    persisted block, or a layer of many more tasks than blocks: a reduction, a rechunk, or a
+    layer of :func:`chosen_array`, which is not built here)."""
     layer = a.dask.layers.get(a.name)
     if isinstance(layer, _chosen_layer_class()):
-        placed = layer.placed if computed else None
-        return dict(placed) if placed is not None and len(placed) == a.npartitions else None
+        return None
     if layer is None or len(layer) != a.npartitions or not (
             computed or layer.is_materialized()):
         return None

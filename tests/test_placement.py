@@ -323,10 +323,16 @@ def test_gpu_workers_measure_lazy_labels_of_placed_blocks_in_worker_groups(monke
         graph = graph_on_a_cluster(total)
         stats = [k for k in graph if str(k[0]).startswith("label_statistics-")]
         assert len(stats) == (1 if workers == 1 else workers + 1)
-        labels, count, total = client.persist([labels, count, total])
+        # labels of those labels: their declared placement makes worker groups, but their
+        # tasks are not a per-block step over persisted blocks, so none is absorbed
+        again, again_n = ndimage.label(labels)
+        labels, count, total, again, again_n = client.persist(
+            [labels, count, total, again, again_n])
         np.testing.assert_array_equal(labels.compute(), want)
         assert int(count.compute()) == n
         np.testing.assert_allclose(total.compute(), ndi.sum_labels(x_np, want, index))
+        np.testing.assert_array_equal(again.compute(), want)
+        assert int(again_n.compute()) == n
 
 
 # -- graph shapes chosen where the graph runs ---------------------------------------------------
