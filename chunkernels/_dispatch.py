@@ -45,7 +45,7 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
         dtype = spec.out_dtype(x.dtype, [o.dtype for o in operands], params)
         return xp.empty(x.shape, dtype=dtype)
     if not gpu:
-        result = np.asarray(cpu(x, *(_to_host(o) for o in operands), **params))
+        result = np.asarray(cpu(x, *(cuda.to_host(o) for o in operands), **params))
         if reduction:
             return result
         return _checked(spec, "CPU reference", result, x, operands, params, out_dtype)
@@ -197,6 +197,3 @@ def _halo_words(before: int, after: int) -> str:
         return f"{before or after} on one side"
     return f"{before} before and {after} after"
 
-
-def _to_host(a):
-    return a.get() if cuda.is_cupy_array(a) else np.asarray(a)

@@ -55,6 +55,14 @@ def is_cupy_array(a: Any) -> bool:
     return cp is not None and isinstance(a, cp.ndarray)
 
 
+def to_host(a: Any):
+    """A NumPy array from a NumPy or CuPy array (or anything ``numpy.asarray`` takes): a CuPy
+    array is copied off its device."""
+    import numpy as np
+
+    return a.get() if is_cupy_array(a) else np.asarray(a)
+
+
 def array_module(a: Any):
     """``cupy`` for a CuPy array (or a Dask array of CuPy chunks), else ``numpy``."""
     import numpy as np

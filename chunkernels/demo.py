@@ -267,7 +267,7 @@ def _pipeline(args, client) -> int:
                 recovery = _recovery(truth, found.table)
         with steps("write"):
             if data is None:
-                data = _host(image.compute())
+                data = cuda.to_host(image.compute())
             written = _write(out, found, data, labels, truth, recovery)
     finally:
         steps.close()
@@ -344,11 +344,11 @@ def _find(image, client, steps) -> _Found:
             labels, count, table = _persist((labels, count, table.to_delayed(host=True)),
                                             client)
             count = _held_value(count, client)
-        count = int(_host(count))
+        count = int(cuda.to_host(count))
     with steps(measuring):  # on Dask: the rest of the time until the table is back
         if hasattr(table, "compute"):
             table = _held_value(table, client)
-        table = {k: _host(v) for k, v in table.items()}
+        table = {k: cuda.to_host(v) for k, v in table.items()}
     return _Found(image, background, level, count, labels, table)
 
 
@@ -360,8 +360,8 @@ def _validate(found):
     steps = _Progress("validation", total=6)
     try:
         with steps("image and labels to the host"):
-            data = _host(found.image.compute())
-            labels = _host(found.labels.compute())
+            data = cuda.to_host(found.image.compute())
+            labels = cuda.to_host(found.labels.compute())
         reference = find_sources_cpu(data, KAPPA, NSIGMA, progress=steps)
         with steps("compare"):
             checks = _compare(found.background, found.level, found.count, labels, found.table,
@@ -441,11 +441,6 @@ def _gpu_names(client) -> list[str]:
     from chunkernels.cluster import gpu_names
 
     return [] if client is None else gpu_names(client)
-
-
-def _host(a):
-    """A NumPy array (or scalar) from a NumPy or CuPy one."""
-    return a.get() if cuda.is_cupy_array(a) else np.asarray(a)
 
 
 # -- the comparison with the CPU reference ------------------------------------------------------
@@ -674,7 +669,7 @@ def _preview(path, data, labels, found, truth, recovery):
     norm = _stretch(data, median, sigma)
     _full_field(fig, full, data, norm, median, sigma, corner, side)
     _density(fig, density, x, y, data.shape, corner, side)
-    cut_labels = labels[cut] if labels is not None else _host(found.labels[cut].compute())
+    cut_labels = labels[cut] if labels is not None else cuda.to_host(found.labels[cut].compute())
     _cutout(zoom, data[cut], cut_labels, corner, norm, found.table, truth, recovery)
     _histogram(histogram, data, background, found.level, sigma)
     fig.suptitle(f"{found.count} sources above median + {NSIGMA:g} σ = {found.level:.4g} "

@@ -88,7 +88,7 @@ def convolve2d(kind, in1, in2, mode="full", boundary="fill", fillvalue=0):
                 f"For 'valid' mode, one must be at least as large as the other in every "
                 f"dimension: in1 {x.shape}, in2 {weights.shape}")
         # scipy swaps the inputs (convolution commutes): the smaller in1 becomes the filter
-        x, params["weights"] = (kind.from_host(_host(weights)),
+        x, params["weights"] = (kind.from_host(cuda.to_host(weights)),
                                 convolve2d_kernel.validate(2, kind.to_host(x))["weights"])
     if x.size == 0 or params["weights"].size == 0:  # scipy's shapes for empty inputs, from scipy
         return kind.from_host(spec.cpu(kind.to_host(x), **params))
@@ -123,8 +123,3 @@ def _chunked_window(kind, x, params, out_dtype):
     same = apply_kernel(kind, x, "convolve2d", params={**params, "mode": "same",
                                                        "boundary": "fill"}, allow_rechunk=True)
     return same[tuple(slice(m // 2, m // 2 + k) for m, k in zip(weights.shape, keep))]
-
-
-def _host(weights):
-    """The filter, NumPy or CuPy as validated, on the host."""
-    return weights.get() if cuda.is_cupy_array(weights) else np.asarray(weights)

@@ -394,14 +394,9 @@ def on_host(*arrays) -> list[np.ndarray]:
     ``LocalCUDACluster`` is one of the workers' (a 4 GiB image once ran it out of memory)."""
     import dask
 
-    on_workers = [a.map_blocks(_block_on_host, meta=np.empty((0,) * a.ndim, a.dtype))
+    on_workers = [a.map_blocks(cuda.to_host, meta=np.empty((0,) * a.ndim, a.dtype))
                   for a in arrays]
     return [np.asarray(a) for a in dask.compute(*on_workers)]
-
-
-def _block_on_host(block):
-    """On a worker: ``block`` as a NumPy array."""
-    return block.get() if cuda.is_cupy_array(block) else np.asarray(block)
 
 
 def free_device_memory() -> None:
