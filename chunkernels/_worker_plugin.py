@@ -33,9 +33,6 @@ class CPUWorkers(WorkerPlugin):
 
     name = "chunkernels-cpu-workers"
 
-    def setup(self, worker) -> None:
-        pass
-
 
 class NumbaOnCuPyPool(WorkerPlugin):
     """Has Numba allocate its device memory from CuPy's memory pool on a GPU worker whose CuPy
