@@ -10,11 +10,12 @@ against the CPU reference on the same image — :func:`chunkernels.sources.clip_
 lesson's loop with a float64 std: the same kept pixels, median and iterations), then
 ``scipy.ndimage.label`` of the same segmentation and ``center_of_mass`` / ``sum_labels`` of its
 labels (kept in ``--out`` under the image's SHA-256, and read back from there by a later run on
-the same image: minutes on a 32768² sky) — before ``--repeat`` timed runs (the median is reported, per step and in all). Each step
-ends with its result on the client (the clipping's numbers, the labels persisted on the workers
-with their count, the catalogue's columns), so the wall clock includes every round trip. One
-more run under distributed's task stream then says where each step's time goes
-(:func:`_breakdown`): its tasks' compute time, the transfers, and the rest.
+the same image: minutes on a 32768² sky) — before ``--repeat`` timed runs (the median is
+reported, per step and in all). Each step ends with its result on the client (the clipping's
+numbers, the labels persisted on the workers with their count, the catalogue's columns), so the
+wall clock includes every round trip. One more run under distributed's task stream then says
+where each step's time goes (:func:`_breakdown`): its tasks' compute time, the transfers, and
+the rest.
 
 Then, on the host copy of the same image, in this process, once each (they take seconds):
 
