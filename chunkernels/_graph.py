@@ -1052,17 +1052,26 @@ def persist_blocks(a, blocks_by_worker: dict[str, list[tuple]], client):
                     (futures[(name, *index)],) = futures_of(part)
     wait(list(futures.values()))
     # a preference, not a pin (a lost worker's blocks must be made elsewhere): where work
-    # stealing moved some, copy them to their worker once
+    # stealing moved some, copy them to their worker; stealing may move a copy too (a copy
+    # runs best where its block is), so check again, a few times at most
     wanted = {(name, *index): worker for worker, indices in blocks_by_worker.items()
               for index in indices}
-    who = client.who_has(list(futures.values()))
-    moved = {key: client.submit(_same, futures[key], key=(f"placed-{name}", *key[1:]),
-                                workers=[wanted[key]], allow_other_workers=True, pure=False)
-             for key, future in futures.items() if wanted[key] not in who.get(future.key, ())}
-    if moved:
+    for attempt in range(PLACEMENT_ATTEMPTS):
+        who = client.who_has(list(futures.values()))
+        moved = {key: client.submit(_same, futures[key], workers=[wanted[key]],
+                                    key=(f"placed-{attempt}-{name}", *key[1:]),
+                                    allow_other_workers=True, pure=False)
+                 for key, future in futures.items()
+                 if wanted[key] not in who.get(future.key, ())}
+        if not moved:
+            break
         wait(list(moved.values()))
         futures.update(moved)
     return _array(futures, name, a.chunks, a.dtype, a._meta, [])
+
+
+#: How many times :func:`persist_blocks` copies blocks that work stealing moved off their worker.
+PLACEMENT_ATTEMPTS = 3
 
 
 def _same(block):
