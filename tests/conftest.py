@@ -136,6 +136,16 @@ SCALED_SUBTRACT = chunkernels.KernelSpec(
 
 
 @pytest.fixture
+def references_fold(monkeypatch):
+    """The CPU references fold every tap that reaches beyond its axis, as the kernels do
+    (by default they leave taps reaching at most ``SCIPY_REACH`` to SciPy's own extension):
+    tests of the folding itself run it on the CPU too."""
+    from chunkernels._shared import filters
+
+    monkeypatch.setattr(filters, "SCIPY_REACH", 0)
+
+
+@pytest.fixture
 def moving_sum():
     """Register the halo kernel ``moving_sum`` for one test; returns its spec."""
     return chunkernels.register(MOVING_SUM)

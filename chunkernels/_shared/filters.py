@@ -421,7 +421,15 @@ def _derivative_factor(sigma, order, x):
 # sums, whatever the parameters, with the work and memory of a filter as wide as the array;
 # the results are SciPy's up to rounding (the sums are added in another order). The kernels fold
 # where a block is shorter than the taps' reach, which happens only where the block is the whole
-# axis (a Dask axis is made one chunk first where the halo is not smaller than it).
+# axis (a Dask axis is made one chunk first where the halo is not smaller than it). The CPU
+# references fold only taps reaching beyond SCIPY_REACH too: nearer ones SciPy extends the line
+# for itself at little cost, and its own sums are its results to the last bit (integer outputs,
+# which round between passes, included).
+
+#: Taps that reach past their axis, but no further than this from the centre, are left to
+#: SciPy's own extension of the line by the CPU references (``least`` below); SciPy's cost grows
+#: with the reach times the line, so wider ones are folded there too.
+SCIPY_REACH = 64
 
 
 def period(mode: str, n: int) -> int | None:
@@ -431,10 +439,11 @@ def period(mode: str, n: int) -> int | None:
     return None if p is None else max(p, 1)
 
 
-def folds(reach: int, n: int) -> bool:
+def folds(reach: int, n: int, least: int = 0) -> bool:
     """Whether taps reaching ``reach`` from the centre pass beyond an axis of ``n`` samples, and
-    are folded onto it (:func:`fold`)."""
-    return reach > n
+    are folded onto it (:func:`fold`); with ``least``, only taps reaching beyond it too (the CPU
+    references pass :data:`SCIPY_REACH`)."""
+    return reach > max(n, least)
 
 
 def folded_taps(m: int, origin: int, n: int) -> int:
@@ -451,12 +460,13 @@ def _bins(offsets, n: int, mode: str):
     return (offsets + n) % p  # the same point of the period, among -n .. -n + p - 1
 
 
-def fold(weights, origin: int, n: int, mode: str, axis: int = 0):
+def fold(weights, origin: int, n: int, mode: str, axis: int = 0, least: int = 0):
     """``(weights, origin)`` of a correlation along ``axis`` (of ``n`` samples, with ``mode``)
     equal to the given one: the weights folded onto ``2n + 1`` taps and origin 0 where they
-    reach beyond the axis, else unchanged. N-D weights fold along ``axis`` only."""
+    reach beyond the axis (and beyond ``least``, :func:`folds`), else unchanged. N-D weights
+    fold along ``axis`` only."""
     m = weights.shape[axis]
-    if not folds(reach(m, origin), n):
+    if not folds(reach(m, origin), n, least):
         return weights, origin
     bins = _bins(np.arange(m) - m // 2 - origin, n, mode)
     moved = np.moveaxis(np.asarray(weights), axis, 0)
@@ -476,11 +486,12 @@ def fold_all(weights, origins, shape, mode: str):
     return weights, tuple(origins)
 
 
-def gaussian_pass_weights(sigma, order: int, radius: int, n: int, mode: str) -> np.ndarray:
+def gaussian_pass_weights(sigma, order: int, radius: int, n: int, mode: str,
+                          least: int = 0) -> np.ndarray:
     """A Gaussian pass's correlation weights along an axis of ``n`` samples (origin 0):
     :func:`gaussian_weights`, folded (:func:`folded_gaussian_weights`) where ``radius`` passes
-    beyond the axis."""
-    if folds(radius, n):
+    beyond the axis (and beyond ``least``, :func:`folds`)."""
+    if folds(radius, n, least):
         return folded_gaussian_weights(sigma, order, radius, n, mode)
     return gaussian_weights(sigma, order, radius)
 

@@ -15,11 +15,13 @@ from chunkernels.kernels import correlate, correlate1d
 
 
 def reference(x, *, weights, origin, mode="reflect", cval=0.0, output=None):
-    """CPU reference: ``scipy.ndimage.convolve``; where the weights reach beyond an axis, the
-    equal correlation with them folded onto it (:func:`~chunkernels._shared.filters.fold_all`)."""
+    """CPU reference: ``scipy.ndimage.convolve``; where the weights reach beyond an axis (and
+    beyond :func:`~chunkernels.kernels.correlate.scipy_reach`), the equal correlation with them
+    folded onto it (:func:`chunkernels.kernels.correlate.reference`)."""
     corr, corr_origin = as_correlation(weights, origin)
-    if any(filters.folds(filters.reach(m, o), n)
-           for m, o, n in zip(corr.shape, corr_origin, x.shape)):
+    reaches = [filters.reach(m, o) for m, o in zip(corr.shape, corr_origin)]
+    if any(filters.folds(r, n, correlate.scipy_reach(r, n, mode))
+           for r, n in zip(reaches, x.shape)):
         return correlate.reference(x, weights=corr, origin=corr_origin, mode=mode, cval=cval,
                                    output=output)
     return ndi.convolve(x, weights, output, mode, cval, list(origin))

@@ -17,7 +17,7 @@ def reference(x, *, weights, axis=-1, mode="reflect", cval=0.0, origin=0, output
     """CPU reference: ``scipy.ndimage.convolve1d``; where the weights reach beyond the axis, the
     equal correlation with them folded onto it (:func:`~chunkernels._shared.filters.fold`)."""
     corr, corr_origin = as_correlation(weights, origin)
-    if filters.folds(filters.reach(len(corr), corr_origin), x.shape[axis]):
+    if filters.folds(filters.reach(len(corr), corr_origin), x.shape[axis], filters.SCIPY_REACH):
         return correlate1d.reference(x, weights=corr, axis=axis, mode=mode, cval=cval,
                                      origin=corr_origin, output=output)
     return ndi.convolve1d(x, weights, axis, output, mode, cval, origin)

@@ -23,10 +23,22 @@ _TILE = (64, 64)    # outputs per tile along dims 1 and 2 (BY, BX in correlate.c
 
 
 def reference(x, *, weights, origin, mode="reflect", cval=0.0, output=None):
-    """CPU reference: ``scipy.ndimage.correlate``, with weights that reach beyond an axis folded
-    onto it first (:func:`~chunkernels._shared.filters.fold_all`)."""
-    weights, origin = filters.fold_all(weights, origin, x.shape, mode)
-    return ndi.correlate(x, weights, output, mode, cval, list(origin))
+    """CPU reference: ``scipy.ndimage.correlate``, with weights that reach beyond an axis (and
+    beyond :func:`scipy_reach`) folded onto it first (:func:`~chunkernels._shared.filters.fold`)."""
+    origin = list(origin)
+    for axis, n in enumerate(x.shape):
+        weights, origin[axis] = filters.fold(
+            weights, origin[axis], n, mode, axis,
+            scipy_reach(filters.reach(weights.shape[axis], origin[axis]), n, mode))
+    return ndi.correlate(x, weights, output, mode, cval, origin)
+
+
+def scipy_reach(reach, n, mode) -> int:
+    """How far taps along an axis of ``n`` samples may reach for the CPU reference to leave them
+    to SciPy's N-D filters (:data:`~chunkernels._shared.filters.SCIPY_REACH`), except in
+    'reflect' mode where they reach 4n: SciPy's N-D filters map an offset that is a multiple of
+    2n from -4n on to position -1 instead of 0 (its 1-D correlation is right), so those fold."""
+    return 0 if mode == "reflect" and reach >= 4 * n else filters.SCIPY_REACH
 
 
 def validate(ndim, weights, mode="reflect", cval=0.0, origin=0, axes=None, output=None):

@@ -33,9 +33,11 @@ _DEFAULT_SMEM = 48 * 1024
 
 
 def reference(x, *, weights, axis=-1, mode="reflect", cval=0.0, origin=0, output=None):
-    """CPU reference: ``scipy.ndimage.correlate1d``, with weights that reach beyond the axis
-    folded onto it first (:func:`~chunkernels._shared.filters.fold`)."""
-    weights, origin = filters.fold(weights, origin, x.shape[axis], mode)
+    """CPU reference: ``scipy.ndimage.correlate1d``, with weights that reach beyond the axis and
+    beyond :data:`~chunkernels._shared.filters.SCIPY_REACH` folded onto it first
+    (:func:`~chunkernels._shared.filters.fold`)."""
+    weights, origin = filters.fold(weights, origin, x.shape[axis], mode,
+                                   least=filters.SCIPY_REACH)
     return ndi.correlate1d(x, weights, axis, output, mode, cval, origin)
 
 

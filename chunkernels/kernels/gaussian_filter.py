@@ -19,14 +19,16 @@ SIGMA_EPS = 1e-15
 
 
 def reference(x, *, sigma, order, mode, radius, axes, cval=0.0, truncate=4.0, output=None):
-    """CPU reference: ``scipy.ndimage.gaussian_filter``; where a radius reaches beyond its axis,
-    scipy's passes (correlate1d, each stored in the output dtype) with the Gaussian folded onto
-    the axis (:func:`~chunkernels._shared.filters.folded_gaussian_weights`)."""
-    if not any(filters.folds(r, x.shape[ax]) for r, ax in zip(radius, axes)):
+    """CPU reference: ``scipy.ndimage.gaussian_filter``; where a radius reaches beyond its axis
+    and beyond :data:`~chunkernels._shared.filters.SCIPY_REACH`, scipy's passes (correlate1d,
+    each stored in the output dtype) with the Gaussian folded onto the axis
+    (:func:`~chunkernels._shared.filters.folded_gaussian_weights`)."""
+    least = filters.SCIPY_REACH
+    if not any(filters.folds(r, x.shape[ax], least) for r, ax in zip(radius, axes)):
         return ndi.gaussian_filter(x, list(sigma), list(order), output, list(mode), cval,
                                    truncate, radius=list(radius), axes=axes)
     out_dtype = filters.result_dtype(x.dtype, output=output)
-    for axis, weights, md in passes(x.shape, sigma, order, mode, radius, axes):
+    for axis, weights, md in passes(x.shape, sigma, order, mode, radius, axes, least):
         x = ndi.correlate1d(x, weights, axis, out_dtype, md, cval, 0)
     return x
 
@@ -65,10 +67,10 @@ def halo(ndim, *, radius, axes, **params):
     return filters.depth_along(ndim, dict(zip(axes, radius)))
 
 
-def passes(shape, sigma, order, mode, radius, axes):
+def passes(shape, sigma, order, mode, radius, axes, least=0):
     """``(axis, weights, mode)`` of each separable pass on an array of ``shape``, in scipy's
-    order; weights that reach beyond their axis are folded onto it."""
-    return [(ax, filters.gaussian_pass_weights(s, o, r, shape[ax], md), md)
+    order; weights that reach beyond their axis (and ``least``) are folded onto it."""
+    return [(ax, filters.gaussian_pass_weights(s, o, r, shape[ax], md, least), md)
             for ax, s, o, md, r in zip(axes, sigma, order, mode, radius)]
 
 

@@ -26,10 +26,10 @@ from chunkernels.kernels import correlate1d, gaussian_filter, gaussian_laplace
 def reference(x, *, sigma, axes, mode, radius, cval=0.0, truncate=4.0, output=None):
     """CPU reference: ``scipy.ndimage.gaussian_gradient_magnitude``; where a radius reaches
     beyond its axis, scipy's terms, squares and root with the Gaussians folded onto the axes."""
-    if not gaussian_laplace.folds(x.shape, sigma, radius, axes):
+    if not gaussian_laplace.folds(x.shape, sigma, radius, axes, filters.SCIPY_REACH):
         return ndi.gaussian_gradient_magnitude(x, list(sigma), output, list(mode), cval,
                                                axes=axes, truncate=truncate, radius=list(radius))
-    steps = gaussian_laplace.terms(x.shape, sigma, radius, axes, mode, 1)
+    steps = gaussian_laplace.terms(x.shape, sigma, radius, axes, mode, 1, filters.SCIPY_REACH)
     out = gaussian_laplace.sum_terms(x, steps, cval, filters.result_dtype(x.dtype, output=output),
                                      each=_square)
     return np.sqrt(out, out, casting="unsafe")  # scipy's, in place in the output dtype

@@ -26,17 +26,18 @@ def reference(x, *, sigma, axes, mode, radius, cval=0.0, truncate=4.0, output=No
     """CPU reference: ``scipy.ndimage.gaussian_laplace``; where a radius reaches beyond its
     axis, scipy's terms (:func:`sum_terms`) with the Gaussians folded onto the axes."""
     full = _full_sigma(x.ndim, sigma, axes)
-    if not folds(x.shape, full, radius, axes):
+    if not folds(x.shape, full, radius, axes, filters.SCIPY_REACH):
         return ndi.gaussian_laplace(x, list(sigma), output, list(mode), cval, axes=axes,
                                     truncate=truncate, radius=list(radius))
-    return sum_terms(x, terms(x.shape, full, radius, axes, mode, 2), cval,
+    return sum_terms(x, terms(x.shape, full, radius, axes, mode, 2, filters.SCIPY_REACH), cval,
                      filters.result_dtype(x.dtype, output=output))
 
 
-def folds(shape, sigma, radius, axes) -> bool:
+def folds(shape, sigma, radius, axes, least=0) -> bool:
     """Whether the terms' Gaussians (``sigma`` and ``radius`` one per axis of the input) reach
-    beyond an axis of ``shape`` (and are folded onto it)."""
-    return bool(axes) and any(filters.folds(r, n) for s, r, n in zip(sigma, radius, shape)
+    beyond an axis of ``shape`` (and ``least``: :func:`~chunkernels._shared.filters.folds`),
+    and are folded onto it."""
+    return bool(axes) and any(filters.folds(r, n, least) for s, r, n in zip(sigma, radius, shape)
                               if s > gaussian_filter.SIGMA_EPS)
 
 
@@ -98,13 +99,14 @@ def stacked(params):
             "radius": (0, *params["radius"])}
 
 
-def terms(shape, sigma, radius, axes, mode, order):
+def terms(shape, sigma, radius, axes, mode, order, least=0):
     """``(mode, passes)`` of each term on an array of ``shape``: per filtered axis and its mode,
     scipy's Gaussian filter of derivative ``order`` along that axis and 0 along the others;
     ``passes`` are its ``(axis, weights)`` along every axis whose sigma (one per axis of the
     input) is > 1e-15, in axis order, as scipy's gaussian_filter runs them (weights that reach
-    beyond their axis folded onto it)."""
-    return [(md, [(a, filters.gaussian_pass_weights(s, order if a == ax else 0, r, shape[a], md))
+    beyond their axis, and ``least``, folded onto it)."""
+    return [(md, [(a, filters.gaussian_pass_weights(s, order if a == ax else 0, r, shape[a], md,
+                                                    least))
                   for a, (s, r) in enumerate(zip(sigma, radius))
                   if s > gaussian_filter.SIGMA_EPS])
             for ax, md in zip(axes, mode)]

@@ -20,17 +20,18 @@ from chunkernels.kernels import correlate1d
 
 
 def reference(x, *, size, origin, mode, axes, cval=0.0, output=None):
-    """CPU reference: ``scipy.ndimage.uniform_filter``; where a filter reaches beyond its axis,
-    scipy's passes (each stored in the output dtype), those axes' sums taken over the filter
+    """CPU reference: ``scipy.ndimage.uniform_filter``; where a filter reaches beyond its axis
+    and beyond :data:`~chunkernels._shared.filters.SCIPY_REACH`, scipy's passes (each stored in the output dtype), those axes' sums taken over the filter
     folded onto the axis (:func:`~chunkernels._shared.filters.folded_uniform_counts`), in
     float64, then divided by the size."""
     reaches = [filters.reach(s, o) for s, o in zip(size, origin)]
-    if not any(filters.folds(r, x.shape[ax]) for r, ax in zip(reaches, axes)):
+    least = filters.SCIPY_REACH
+    if not any(filters.folds(r, x.shape[ax], least) for r, ax in zip(reaches, axes)):
         return ndi.uniform_filter(x, list(size), output, list(mode), cval, list(origin),
                                   axes=axes)
     out_dtype = filters.result_dtype(x.dtype, output=output)
     for ax, s, o, md, r in zip(axes, size, origin, mode, reaches):
-        if not filters.folds(r, x.shape[ax]):
+        if not filters.folds(r, x.shape[ax], least):
             x = ndi.uniform_filter1d(x, s, ax, out_dtype, md, cval, o)
             continue
         counts = filters.folded_uniform_counts(s, o, x.shape[ax], md)

@@ -300,7 +300,7 @@ def test_dask_shapes_are_ints():
 
 @backends
 @pytest.mark.parametrize("mode", MODES)
-def test_weights_a_few_times_the_array_fold_onto_it(backend, mode):
+def test_weights_a_few_times_the_array_fold_onto_it(references_fold, backend, mode):
     """Issue #20: N-D weights reaching beyond the array fold onto it along each axis, with
     origins; SciPy's result (reaches below 4n, where SciPy's own N-D reflect is right: see
     :func:`test_scipy_nd_reflect_misreads_offsets_of_minus_4n`)."""

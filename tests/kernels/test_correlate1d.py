@@ -319,7 +319,7 @@ def test_complex_data_promotes_any_real_output_type(output):
 
 @backends
 @pytest.mark.parametrize("mode", MODES)
-def test_weights_a_few_times_the_axis_fold_onto_it(backend, mode):
+def test_weights_a_few_times_the_axis_fold_onto_it(references_fold, backend, mode):
     """Issue #20: weights reaching several times beyond the axis fold onto its own values (the
     mode's period, or its edge), every origin giving SciPy's result."""
     x = np.random.default_rng(80).standard_normal((4, 6))

@@ -251,7 +251,7 @@ def test_errors_before_any_work(args, kwargs, error, match):
 
 @backends
 @pytest.mark.parametrize("mode", MODES)
-def test_radius_a_few_times_the_array_folds_onto_it(backend, mode):
+def test_radius_a_few_times_the_array_folds_onto_it(references_fold, backend, mode):
     """Issue #20: the terms' Gaussians fold onto the array where they are wider than it; the
     squares and the root stay SciPy's (integer outputs included)."""
     x = np.random.default_rng(91).standard_normal((7, 5))

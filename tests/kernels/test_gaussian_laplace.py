@@ -266,7 +266,7 @@ def test_sigma_order_with_axes_as_scipy(axes):
 
 @backends
 @pytest.mark.parametrize("mode", MODES)
-def test_radius_a_few_times_the_array_folds_onto_it(backend, mode):
+def test_radius_a_few_times_the_array_folds_onto_it(references_fold, backend, mode):
     """Issue #20: the terms' Gaussians fold onto the array where they are wider than it."""
     x = np.random.default_rng(90).standard_normal((7, 5))
     check(backend, ndimage.gaussian_laplace, ndi.gaussian_laplace, x, (6.0, 4.0), mode=mode,

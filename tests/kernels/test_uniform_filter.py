@@ -295,7 +295,7 @@ def test_mode_read_only_on_filtered_axes(fn, args, kwargs):
 
 @backends
 @pytest.mark.parametrize("mode", MODES)
-def test_sizes_a_few_times_the_array_fold_onto_it(backend, mode):
+def test_sizes_a_few_times_the_array_fold_onto_it(references_fold, backend, mode):
     """Issue #20: a filter longer than its axis folds onto the array's own values (counts of the
     unit weights per tap, exact integers): SciPy's result on 7 x 5 samples, sizes 3 to 6 times
     the axis, with origins."""
