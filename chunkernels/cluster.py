@@ -276,6 +276,12 @@ def describe(c) -> str:
     return f"{n} worker(s) on {where}, scheduler {c.scheduler.address}"
 
 
+def protocol(c) -> str:
+    """How the processes of ``c``'s cluster talk: the scheme of its scheduler's address
+    (``"tcp"``, ``"ucx"``, ``"inproc"`` for a cluster of threads in this process)."""
+    return c.scheduler.address.split("://", 1)[0]
+
+
 def _gpu_name(dask_worker=None) -> str:
     """Runs on a worker: the name of its GPU, or '' when it has none (or no CuPy), or when it is
     a worker of a CPU cluster that :func:`client` started (it may see the host's GPUs)."""

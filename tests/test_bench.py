@@ -35,8 +35,8 @@ def test_scaling_on_cpu_workers_writes_markdown_json_and_plots(tmp_path, capsys)
     report = json.loads((tmp_path / "scaling.json").read_text())
     assert report["shape"] == [96, 96] and report["dtype"] == "float32"
     assert report["halo"] == [16, 16]
-    assert [(c["kind"], c["workers"], c["devices"]) for c in report["clusters"]] == [
-        ("cpu", 1, []), ("cpu", 2, [])]
+    assert [(c["kind"], c["workers"], c["devices"], c["protocol"])
+            for c in report["clusters"]] == [("cpu", 1, [], "tcp"), ("cpu", 2, [], "tcp")]
     assert {"numpy", "dask", "distributed"} <= set(report["environment"]["versions"])
     impls = list(scaling.implementations(scaling.HALO_PIPELINE))
     rows = report["rows"]
@@ -58,6 +58,7 @@ def test_scaling_on_cpu_workers_writes_markdown_json_and_plots(tmp_path, capsys)
     md = (tmp_path / "scaling.md").read_text()
     assert md.startswith("### scaling: gaussian_filter σ=4, 96×96 float32 (36.00 kiB) on CPU "
                          "workers (")
+    assert "Workers connected over TCP." in md
     # 4 blocks placed 2 and 2 on the workers; transfers and bytes moved per run reported
     assert "| 2 CPU workers | 48×48 | 2 / 2 | " in md
     assert "| 1 CPU worker | 48×48 | 4 | " in md

@@ -25,6 +25,7 @@ def test_cpu_cluster_of_threads_runs_apply_and_closes_with_the_client(moving_sum
         assert cluster.worker_count(c) == 1
         assert c.cluster.processes is False
         assert cluster.describe(c).startswith("1 worker(s) on CPU, scheduler ")
+        assert cluster.protocol(c) == "inproc"  # threads in this process
         got = chunkernels.apply(da.from_array(x_np, chunks=(4, 5)), "moving_sum", radius=2)
         assert_close(got.compute(), moving_sum_reference(x_np, radius=2))  # on c: the default
         started = c.cluster

@@ -278,12 +278,13 @@ def _check(found, reference, where) -> None:
 def _row(where, kind, workers, image, found, timed, ready, client) -> dict:
     """One cluster's row: the medians of the ``timed`` runs, the first run (``found``, the
     checked one) and the warm-up before it (``ready`` seconds; None where there was none)."""
-    from chunkernels.cluster import gpu_names
+    from chunkernels.cluster import gpu_names, protocol
 
     steps = {name: statistics.median(t[name] for t in timed) for name in STEPS}
     total = statistics.median(sum(t.values()) for t in timed)
     return {"impl": f"chunkernels on {where}", "kind": kind, "workers": workers,
-            "devices": gpu_names(client), "blocks": image.npartitions, "seconds": total,
+            "devices": gpu_names(client), "protocol": protocol(client),
+            "blocks": image.npartitions, "seconds": total,
             "steps": steps, "first_run": sum(found["times"].values()),
             "first_steps": found["times"], "warm_up": ready, "count": found["count"],
             "kept": found["background"].count, "iterations": found["background"].iterations}
@@ -369,7 +370,9 @@ def _markdown(r) -> str:
              f"from CuPy's kernel cache once any process has compiled them; the first cluster of "
              f"a run with an empty cache is a fresh install's). First run: the steps the first "
              f"time on that cluster, after it. photutils and sep run once on the host copy of the "
-             f"same image.", "",
+             f"same image. Workers connected over "
+             f"{' and '.join(sorted({row.get('protocol', 'tcp').upper() for row in r['rows']}))}.",
+             "",
              "| implementation | blocks | κσ clipping (ms) | threshold + label (ms) | "
              "measure (ms) | all (ms) | kernels ready (ms) | first run (ms) | first ÷ later | "
              "sources | faster than the faster peer |",

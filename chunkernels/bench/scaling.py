@@ -100,7 +100,8 @@ def run(args) -> dict:
         for kind, workers, client in bench.clusters(args):
             gpu = kind == "gpu"
             names = chunkernels.cluster.gpu_names(client) if gpu else []
-            clusters.append({"kind": kind, "workers": workers, "devices": names})
+            clusters.append({"kind": kind, "workers": workers, "devices": names,
+                             "protocol": chunkernels.cluster.protocol(client)})
             for chunks in chunkings:
                 x = _input(client, shape, chunks, gpu)
                 placed = sorted(chunkernels.cluster.blocks_per_worker(x).values())
@@ -650,6 +651,12 @@ def _fmt_chunk(chunks) -> str:
     return "×".join(map(str, chunks))
 
 
+def _protocols(r) -> str:
+    """The protocols the report's clusters used, as ``"TCP"`` or ``"UCX"`` (``"TCP"`` for a
+    report written before the protocol was recorded)."""
+    return " and ".join(sorted({c.get("protocol", "tcp").upper() for c in r["clusters"]}))
+
+
 def _where(r) -> str:
     """``"2 GPUs"``, ``"1 CPU worker"``: where row ``r`` ran."""
     what = "GPU" if r["kind"] == "gpu" else "CPU worker"
@@ -673,7 +680,8 @@ def markdown(r) -> str:
         f"({format_bytes(r['nbytes'])}) on {', '.join(devices)} ({env['date'][:10]})", "",
         f"Versions: {versions}. Halo {'×'.join(map(str, r['halo']))} per side. Wall clock from "
         f"building the graph to a persisted result (with every GPU synchronised), median of "
-        f"{r['repeat']} runs; the input is created and persisted on the workers first.", "",
+        f"{r['repeat']} runs; the input is created and persisted on the workers first. "
+        f"Workers connected over {_protocols(r)}.", "",
         "| workers | chunk | blocks per worker | chunkernels (s) | no halo, map_blocks (s) | "
         "dask-image (s) | chunkernels ÷ no halo | dask-image best ÷ chunkernels | "
         "chunkernels GB/s | transfers per run | MiB moved per run |",
