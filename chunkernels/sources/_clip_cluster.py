@@ -122,7 +122,8 @@ async def _run(passes, fn, *args, **kwargs):
 
 def _trim(histogram):
     """``(offset, bins)``: the histogram's bins from its first non-empty one to its last, as
-    uint32 counts where they fit (a pass's reply stays small)."""
+    uint16 or uint32 counts where they fit (a pass's reply stays small: a trip carries up to
+    four histograms of 65536 bins from each worker, whose counts often fit 16 bits)."""
     filled = histogram != 0
     if not filled.any():
         return 0, np.zeros(0, np.uint32)
@@ -131,8 +132,10 @@ def _trim(histogram):
     first = int(filled.argmax())
     last = histogram.size - 1 - int(filled[::-1].argmax())
     part = histogram[first:last + 1]
-    if part.max() < 2**32:
-        part = part.astype(np.uint32)
+    most = part.max()
+    for counts in (np.uint16, np.uint32):
+        if most <= np.iinfo(counts).max:
+            return first, part.astype(counts)
     return first, part
 
 

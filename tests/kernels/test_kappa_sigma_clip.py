@@ -816,12 +816,13 @@ def _open_calls(keys, dask_worker):
 
 def test_cluster_reply_holds_the_histograms_non_empty_bins():
     """A worker's reply cuts its histogram to the bins from the first non-empty one to the
-    last, as uint32 counts where they fit."""
+    last, as uint16 or uint32 counts where they fit."""
     from chunkernels.sources._clip_cluster import _trim
 
     rng = np.random.default_rng(5)
     cases = [np.zeros(0), np.zeros(7), np.eye(1, 9, 0)[0], np.eye(1, 9, 8)[0], np.full(4, 2.0),
-             np.array([0, 0, 2.0**33, 0, 1, 0])]
+             np.array([0, 0, 2.0**33, 0, 1, 0]), np.array([2.0**16 - 1, 0, 3]),
+             np.array([2.0**16, 0, 3]), np.array([5, 2.0**32 - 1])]
     for size in (1, 100, 65536):
         h = rng.integers(0, 5, size) * (rng.random(size) < 0.01)
         cases.append(h.astype(np.float64))
@@ -833,7 +834,9 @@ def test_cluster_reply_holds_the_histograms_non_empty_bins():
             continue
         assert offset == filled[0] and part.size == filled[-1] - filled[0] + 1
         np.testing.assert_array_equal(part, histogram[filled[0]:filled[-1] + 1])
-        assert part.dtype == (np.float64 if histogram.max() >= 2**32 else np.uint32)
+        most = histogram.max()
+        assert part.dtype == (np.uint16 if most < 2**16 else np.uint32 if most < 2**32
+                              else np.float64)
 
 
 def test_cluster_path_is_taken_only_for_blocks_on_the_workers(cpu_cluster):
