@@ -382,5 +382,5 @@ def _as_array(kind, value, x_dtype):
     if isinstance(value, numbers.Number) and not isinstance(value, np.generic):
         return kind.xp.asarray(value, dtype=np.result_type(x_dtype, value))
     if not kind.gpu:
-        return value.get() if cuda.is_cupy_array(value) else np.asarray(value)
+        return cuda.to_host(value)
     return kind.xp.asarray(value)

@@ -369,8 +369,9 @@ def blocks_then_combine(label: str, x, others: Sequence, block_task: Callable,
 
 
 def _worker_groups_of(arrays) -> list[list[tuple]] | None:
-    """:func:`worker_groups` of the first of ``arrays`` when every one's blocks of each index
-    are (or will be) on the same worker, else None (one question to the scheduler)."""
+    """The block indices of the first of ``arrays`` per worker that holds or will compute them
+    (:func:`placements` with ``computed``, :func:`by_worker`) when every one's blocks of each
+    index are (or will be) on the same worker, else None (one question to the scheduler)."""
     where = placements(arrays, computed=True)
     if any(w is None or w != where[0] for w in where):
         return None
@@ -685,14 +686,6 @@ def _placed(futures, reads, keys, who) -> dict[tuple, str] | None:
             return None
         out[key[1:]] = workers.pop()
     return out
-
-
-def worker_groups(a) -> list[list[tuple]] | None:
-    """The block indices of Dask array ``a`` per worker that holds or will compute them
-    (:func:`placement` with ``computed``), each list in block order, the workers in address
-    order; None where that is not known."""
-    where = placement(a, computed=True)
-    return None if where is None else by_worker(where, a.numblocks)
 
 
 def by_worker(where, numblocks) -> list[list[tuple]]:

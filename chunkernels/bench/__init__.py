@@ -309,6 +309,13 @@ _LIBRARY_NAMES = {"numpy": "NumPy", "scipy": "SciPy", "dask": "Dask", "cupy": "C
                   "dask_cuda": "dask-cuda", "dask_image": "dask-image", "rmm": "RMM"}
 
 
+def protocols(records) -> str:
+    """The protocols the workers of ``records`` (clusters or rows, each with its ``"protocol"``)
+    talked over, as ``"TCP"``, ``"UCX"`` or ``"TCP and UCX"`` (``"TCP"`` for a record written
+    before the protocol was recorded)."""
+    return " and ".join(sorted({r.get("protocol", "tcp").upper() for r in records}))
+
+
 def versions_line(env: dict) -> str:
     """``Versions: chunkernels 0.1.0, Python 3.11.7, NumPy 2.4.6, ...`` from :func:`environment`."""
     versions = dict(env["versions"])

@@ -52,6 +52,7 @@ from chunkernels.bench import (
     chunk_shapes,
     clusters,
     on_host,
+    protocols,
     sweep,
 )
 from chunkernels.demo import PIPELINE, WARM_UP_CHUNK_MAX, WARM_UP_SIZE_MAX, warm_up
@@ -370,9 +371,7 @@ def _markdown(r) -> str:
              f"from CuPy's kernel cache once any process has compiled them; the first cluster of "
              f"a run with an empty cache is a fresh install's). First run: the steps the first "
              f"time on that cluster, after it. photutils and sep run once on the host copy of the "
-             f"same image. Workers connected over "
-             f"{' and '.join(sorted({row.get('protocol', 'tcp').upper() for row in r['rows']}))}.",
-             "",
+             f"same image. Workers connected over {protocols(r['rows'])}.", "",
              "| implementation | blocks | κσ clipping (ms) | threshold + label (ms) | "
              "measure (ms) | all (ms) | kernels ready (ms) | first run (ms) | first ÷ later | "
              "sources | faster than the faster peer |",

@@ -651,12 +651,6 @@ def _fmt_chunk(chunks) -> str:
     return "×".join(map(str, chunks))
 
 
-def _protocols(r) -> str:
-    """The protocols the report's clusters used, as ``"TCP"`` or ``"UCX"`` (``"TCP"`` for a
-    report written before the protocol was recorded)."""
-    return " and ".join(sorted({c.get("protocol", "tcp").upper() for c in r["clusters"]}))
-
-
 def _where(r) -> str:
     """``"2 GPUs"``, ``"1 CPU worker"``: where row ``r`` ran."""
     what = "GPU" if r["kind"] == "gpu" else "CPU worker"
@@ -681,7 +675,7 @@ def markdown(r) -> str:
         f"Versions: {versions}. Halo {'×'.join(map(str, r['halo']))} per side. Wall clock from "
         f"building the graph to a persisted result (with every GPU synchronised), median of "
         f"{r['repeat']} runs; the input is created and persisted on the workers first. "
-        f"Workers connected over {_protocols(r)}.", "",
+        f"Workers connected over {bench.protocols(r['clusters'])}.", "",
         "| workers | chunk | blocks per worker | chunkernels (s) | no halo, map_blocks (s) | "
         "dask-image (s) | chunkernels ÷ no halo | dask-image best ÷ chunkernels | "
         "chunkernels GB/s | transfers per run | MiB moved per run |",

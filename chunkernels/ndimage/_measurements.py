@@ -139,7 +139,7 @@ def _host(a):
         return np.arange(a.start, a.stop, a.step)
     if is_dask(a):
         a = a.compute()
-    values = np.asarray(a.get() if cuda.is_cupy_array(a) else a)
+    values = cuda.to_host(a)
     if values.dtype.kind in "fO" and isinstance(a, list | tuple):
         return _exact_integers(values, a)
     return values
@@ -338,7 +338,7 @@ def _positions(name, out, table):
 
 def _as_tuples(coords, single):
     """Host tuples of NumPy integers, as scipy returns positions (so that they index arrays)."""
-    host = coords.get() if cuda.is_cupy_array(coords) else np.asarray(coords)
+    host = cuda.to_host(coords)
     return tuple(host) if single else [tuple(c) for c in host]
 
 
@@ -724,7 +724,7 @@ def find_objects(input, max_label=0):
 
 def _boxes(lay, max_label, table):
     """scipy's list of slice tuples from a table of bounding boxes."""
-    host = table.get() if cuda.is_cupy_array(table) else np.asarray(table)
+    host = cuda.to_host(table)
     if max_label is None:  # keys are the labels found
         labels = host[:, lay.key].astype(np.int64)
         max_label = int(labels.max()) if labels.size else 0
@@ -1336,5 +1336,5 @@ def _as_table(columns, backend, as_frame):
                           "pip install pandas, or pass as_frame=False for a dict of arrays") from None
     if backend == "dask":
         columns = columns.compute(host=True)
-    host = {k: v.get() if cuda.is_cupy_array(v) else np.asarray(v) for k, v in columns.items()}
+    host = {k: cuda.to_host(v) for k, v in columns.items()}
     return pd.DataFrame(host)

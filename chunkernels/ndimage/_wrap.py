@@ -74,7 +74,7 @@ def _pairs(faces) -> np.ndarray:
     if not found:
         return np.zeros((2, 0), dtype=np.int64)
     both = cuda.array_module(found[0]).concatenate(found, axis=1)
-    return np.asarray(both.get() if cuda.is_cupy_array(both) else both, dtype=np.int64)
+    return np.asarray(cuda.to_host(both), dtype=np.int64)
 
 
 def merge_table(pairs: np.ndarray, count: int) -> tuple[np.ndarray, int]:
