@@ -717,9 +717,10 @@ def find_objects(input, max_label=0):
     boxes = functools.partial(_boxes, layout, max_label if max_label >= 1 else None)
     if q.backend == "cupy":
         return boxes(table)
-    import dask
-
-    return dask.delayed(boxes)(table)
+    # one task over the table's block, in the table's graph: dask.delayed would optimise that
+    # graph on its own, and a labelling computed with it (dask.compute(find_objects(labels),
+    # count)) would run twice
+    return _graph.delayed_of_single_block(boxes, table, token=("find_objects", max_label, x.ndim))
 
 
 def _boxes(lay, max_label, table):

@@ -104,26 +104,41 @@ def wrapped(labels, count: int, structure, wrap, dtype):
 
 def wrapped_dask(labels, count, structure, wrap, dtype):
     """The same for lazy Dask ``labels`` and ``count``: a task reads the faces (the edge chunks'
-    slices) and makes the table; a task per chunk maps its labels through it."""
-    import dask.array as da
-    from dask import delayed
+    slices) and makes the table; a task per chunk maps its labels through it.
 
+    The faces enter that task as references to their blocks, in the one graph: handed to
+    ``dask.delayed`` as Dask arrays, each would be optimised on its own and carry a renamed copy
+    of the labelling, which then ran once per face."""
     from chunkernels import _graph
 
     faces = [labels[s] for pair in edge_pairs(labels.shape, structure, wrap) for s in pair]
     name = f"label-wrap-{_graph.tokenize(labels, count, structure, wrap, dtype)}"
-    merged = delayed(_merge_faces, pure=True)(count, np.dtype(dtype), *faces,
-                                               dask_key_name=f"{name}-table")
     tasks = _graph.Tasks()
     tasks.read(labels)
-    tasks.read(merged)
+    whole = [tasks.call(_assembled, f.numblocks,
+                        tasks.items(tasks.block(f, i) for i in np.ndindex(*f.numblocks)))
+             for f in faces]
+    table = tasks.add((f"{name}-table",), _merge_faces, tasks.block(count, ()), np.dtype(dtype),
+                      *whole)
     for index in np.ndindex(*labels.numblocks):
-        tasks.add((name, *index), _relabel, tasks.ref((labels.name, *index)),
-                  tasks.ref(merged.key))
+        tasks.add((name, *index), _relabel, tasks.ref((labels.name, *index)), table)
     out = tasks.array(name, labels.chunks, dtype, _graph.meta(labels, dtype))
-    number = da.from_delayed(delayed(_number, pure=True)(merged), shape=(), dtype=np.intp,
-                             meta=np.empty((), np.intp))
+    counted = _graph.Tasks()
+    counted.read(out)
+    counted.add((f"{name}-count",), _number, table)
+    number = counted.array(f"{name}-count", (), np.intp, np.empty((), np.intp))
     return out, number
+
+
+def _assembled(numblocks, blocks):
+    """One array of ``blocks``, a grid of ``numblocks`` blocks in C order."""
+    if len(blocks) == 1:
+        return blocks[0]
+    xp = cuda.array_module(blocks[0])
+    for axis in reversed(range(len(numblocks))):
+        n = numblocks[axis]
+        blocks = [xp.concatenate(blocks[i:i + n], axis=axis) for i in range(0, len(blocks), n)]
+    return blocks[0]
 
 
 def _merge_faces(count, dtype, *faces):

@@ -627,6 +627,23 @@ def test_chunking_invariance_gpu(case):
 
 
 @pytest.mark.gpu
+def test_a_count_never_read_leaves_later_uploads_alone():
+    """The count's copy to pinned host memory, queued behind the device's work, keeps its
+    buffer until it lands, read or not. Let go at once (the labels computed without the
+    count), CuPy's pinned pool gave the buffer to the next upload's staging, which the late
+    copy then overwrote: wrong labels, misaligned and illegal addresses."""
+    cp = pytest.importorskip("cupy")
+    a = cp.random.default_rng(3).random((4096, 4096), dtype=cp.float32)
+    want = np.full(1, 7, dtype=np.int64)
+    for _ in range(20):
+        busy = a @ a  # milliseconds of queued work ahead of the copy
+        label_graph._HostNumber(cp.full((), 123456789, dtype=cp.int64))  # never read
+        got = cp.asarray(want)  # staged in pinned memory, uploaded behind the copy
+        assert int(got[0]) == 7
+        del busy
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape, connectivity", [((70, 90), 1), ((70, 90), 2), ((13, 70, 41), 3),
                                                  ((200,), 1), ((3, 4, 5, 6), 4)])
 def test_device_blocks_summarise_like_scipy(shape, connectivity):
@@ -1059,6 +1076,31 @@ def test_wrap_axes_close_the_array_into_rings(backend, shape, density):
     for wrap in wraps:
         for structure in kinds:
             check_wrapped(backend, x, structure, wrap, chunked)
+
+
+@pytest.mark.parametrize("shape", ["one task", "per block"])
+@pytest.mark.parametrize("wrap", [None, (0,), (0, 1)])
+def test_a_labelling_runs_once_per_compute(monkeypatch, shape, wrap):
+    """Every block is labelled once, whatever is computed from the labels: the wrapped labels
+    (whose faces feed one task), the labels alone, the count alone, or find_objects with the
+    count. Faces handed to dask.delayed as arrays were optimised one by one, each with a
+    renamed copy of the labelling, which ran once per face."""
+    runs = []
+    host = label_graph._local_host
+    monkeypatch.setattr(label_graph, "_local_host", lambda b, s: runs.append(1) or host(b, s))
+    monkeypatch.setattr(label_graph, "local_shape", lambda xp: shape)
+    x = np.random.default_rng(41).random((9, 11)) < 0.55
+    want, n = ndimage.label(x, wrap_axes=wrap)
+    dx = da.from_array(x, chunks=(4, 4))
+    labels, count = ndimage.label(dx, wrap_axes=wrap)
+    for what in ((labels, count), (labels,), (count,), (ndimage.find_objects(labels), count)):
+        runs.clear()
+        got = dask.compute(*what)
+        assert len(runs) == dx.npartitions, f"{len(runs)} block labellings for {len(what)} outputs"
+    assert got[0] == ndi.find_objects(want) and int(got[1]) == n
+    labels_got, number = dask.compute(labels, count)
+    assert int(number) == n
+    assert_close(labels_got, want)
 
 
 @backends

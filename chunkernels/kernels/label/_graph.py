@@ -247,7 +247,14 @@ class _HostNumber:
     """The number of labels (a 0-d device array) on its way to the host: copied to pinned
     memory without waiting, behind the merge and ahead of the relabelling, so that reading it
     (``int``) waits for the merge alone, and Dask's work after the count task overlaps the
-    relabelling on the device."""
+    relabelling on the device.
+
+    The pinned buffer is kept (:data:`_COPIES_IN_FLIGHT`) until its copy has landed, whether or
+    not the number is read: a graph that computes the labels alone lets it go at once, and
+    CuPy's pinned pool would hand the buffer to the next host-to-device copy (``cupy.asarray``
+    of a NumPy array stages its data there) while this copy is still queued, which then
+    overwrites the staged data. Labels and index tables came out wrong, or kernels faulted
+    with misaligned and illegal addresses (found under eight test processes on one GPU)."""
 
     __slots__ = ("value", "done")
 
@@ -262,6 +269,7 @@ class _HostNumber:
                                         cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
             self.done = cp.cuda.Event(disable_timing=True)
             self.done.record(stream)
+        _hold_until_copied(self.done, self.value)
 
     def __int__(self) -> int:
         self.done.synchronize()
@@ -270,6 +278,19 @@ class _HostNumber:
     def __reduce__(self):
         # sent to another worker (a count task moved): the number itself
         return int, (int(self),)
+
+
+#: ``(event, pinned buffer)`` of the device-to-host copies still queued (:class:`_HostNumber`):
+#: a buffer goes back to CuPy's pinned pool only once its event has passed.
+_COPIES_IN_FLIGHT: list = []
+_COPIES_LOCK = threading.Lock()
+
+
+def _hold_until_copied(event, buffer) -> None:
+    """Keep ``buffer`` until ``event`` has passed; let go of those whose events have."""
+    with _COPIES_LOCK:
+        _COPIES_IN_FLIGHT[:] = [(e, b) for e, b in _COPIES_IN_FLIGHT if not e.done]
+        _COPIES_IN_FLIGHT.append((event, buffer))
 
 
 def _pick(labelled, b, *dependencies):
