@@ -12,8 +12,10 @@ never on whole axes. CUDA source: ``kernels_cuda/spline_filter.cu``.
 from __future__ import annotations
 
 import math
+import operator
 
 import numpy as np
+from numpy.lib.array_utils import normalize_axis_index
 
 from chunkernels import cuda, layout
 from chunkernels._registry import KernelSpec
@@ -99,8 +101,9 @@ def horizon(order: int, dtype) -> int:
     return math.ceil(math.log(_eps(dtype)) / math.log(z))
 
 
-def reference(x, *, order=3, axes=None, mode="mirror", dtype=np.float64):
-    """CPU reference: ``scipy.ndimage.spline_filter1d`` along each of ``axes``, into ``dtype``."""
+def reference(x, *, order=3, axes=None, mode="mirror", dtype=np.float64, depths=None):
+    """CPU reference: ``scipy.ndimage.spline_filter1d`` along each of ``axes``, into ``dtype``.
+    (``depths``, the halo of Dask chunks, does not change a block's coefficients.)"""
     import scipy.ndimage as ndi
 
     if order < 2 or not axes:
@@ -115,7 +118,7 @@ def reference(x, *, order=3, axes=None, mode="mirror", dtype=np.float64):
     return out
 
 
-def dispatch(x, *, order=3, axes=None, mode="mirror", dtype=np.float64):
+def dispatch(x, *, order=3, axes=None, mode="mirror", dtype=np.float64, depths=None):
     """GPU path: a C-ordered copy of ``x`` in ``dtype``, filtered in place one axis at a time.
 
     One thread runs the recursions along one line. For every axis but the last, neighbouring
@@ -149,7 +152,7 @@ def dispatch(x, *, order=3, axes=None, mode="mirror", dtype=np.float64):
     return out.astype(dtype, copy=False)
 
 
-def _validate(ndim, *, order=3, axes=None, mode="mirror", dtype=np.float64):
+def _validate(ndim, *, order=3, axes=None, mode="mirror", dtype=np.float64, depths=None):
     order = check_order(order)
     mode = check_mode(mode)
     if axes is None:
@@ -159,12 +162,41 @@ def _validate(ndim, *, order=3, axes=None, mode="mirror", dtype=np.float64):
         if not -ndim <= a < ndim:
             raise np.exceptions.AxisError(a, ndim)
     axes = tuple(a % ndim for a in axes)
-    return {"order": order, "axes": axes, "mode": mode, "dtype": np.dtype(dtype)}
+    params = {"order": order, "axes": axes, "mode": mode, "dtype": np.dtype(dtype)}
+    if depths is not None:  # the halo along each axis, in place of depth(order, dtype)
+        params["depths"] = check_depths(depths, ndim)
+    return params
 
 
-def _halo(ndim, *, order=3, axes=(), mode="mirror", dtype=np.float64):
-    d = depth(order, dtype)
-    return tuple(d if a in axes else 0 for a in range(ndim))
+def check_depths(value, ndim: int) -> tuple[int, ...]:
+    """``value`` (dask-image's ``depth``) as one halo per axis: an integer for every axis, a
+    sequence of ``ndim`` integers or a dict ``{axis: integer}`` (other axes 0), each at least 0
+    (else ``ValueError``)."""
+    if isinstance(value, dict):
+        per_axis = [0] * ndim
+        for axis, d in value.items():
+            per_axis[normalize_axis_index(operator.index(axis), ndim)] = d
+        value = per_axis
+    elif np.ndim(value) == 0:
+        value = [value] * ndim
+    value = list(value)
+    if len(value) != ndim:
+        raise ValueError(f"depth must hold one halo per axis of the {ndim}-d input, got "
+                         f"{len(value)}: {value!r}; pass one integer for every axis")
+    try:
+        halos = tuple(operator.index(d) for d in value)
+    except TypeError:
+        raise ValueError(f"depth must hold integers, got {value!r}") from None
+    if any(d < 0 for d in halos):
+        raise ValueError(f"depth must be at least 0 along every axis, got {halos}")
+    return halos
+
+
+def _halo(ndim, *, order=3, axes=(), mode="mirror", dtype=np.float64, depths=None):
+    if depths is None:
+        d = depth(order, dtype)
+        depths = (d,) * ndim
+    return tuple(depths[a] if a in axes else 0 for a in range(ndim))
 
 
 def _boundary(*, mode="mirror", **_):

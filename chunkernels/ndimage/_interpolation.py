@@ -24,7 +24,7 @@ from chunkernels._shared.filters import check_dtype, check_writable, in_requeste
 from chunkernels._shared.interpolation import (PREPAD, PREPADDED, InterpolationError, check_mode,
                                                check_order, check_output_size, output_shape)
 from chunkernels.interop import array_entry
-from chunkernels.kernels.spline_filter import depth
+from chunkernels.kernels.spline_filter import check_depths, depth
 from chunkernels.kernels.zoom import default_chunks, input_positions, zoom_scales, zoom_tables
 
 
@@ -129,27 +129,29 @@ def _pad_edge_block(block, npad, kwargs, block_info=None):
     return cuda.array_module(block).pad(block, widths, **kwargs)
 
 
-def _coefficients(kind, x, order, mode, dtype, axes=None):
+def _coefficients(kind, x, order, mode, dtype, axes=None, depths=None):
     """B-spline coefficients of ``x`` along ``axes`` (default all), chunk by chunk for Dask.
 
     Each chunk is filtered with the halo :func:`chunkernels.kernels.spline_filter.depth` from its
-    neighbours. Along the filtered axes, chunks narrower than that halo are first merged with
-    their neighbours until each is at least as wide: a block's halo then comes from its two
-    neighbours alone, where one-sample chunks would make every block gather dozens of them.
+    neighbours (or ``depths``, one per axis, as the caller asks). Along the filtered axes,
+    chunks narrower than that halo are first merged with their neighbours until each is at least
+    as wide: a block's halo then comes from its two neighbours alone, where one-sample chunks
+    would make every block gather dozens of them.
     """
     if kind.dask and x.size == 0:  # nothing to filter; Dask's rechunk would drop CuPy's meta
         return x.astype(dtype)
+    params = {"order": order, "axes": axes, "mode": mode, "dtype": dtype}
     if kind.dask:
-        d = depth(order, dtype)
-        merged = {a: _merge_chunks(x.chunks[a], d)
+        if depths is not None:
+            params["depths"] = depths
+        halo = (depth(order, dtype),) * x.ndim if depths is None else depths
+        merged = {a: _merge_chunks(x.chunks[a], halo[a])
                   for a in (range(x.ndim) if axes is None else axes)
                   if not any(math.isnan(c) for c in x.chunks[a])}
         merged = {a: c for a, c in merged.items() if c != x.chunks[a]}
         if merged:
             x = x.rechunk(merged)
-    return apply_kernel(kind, x, "spline_filter",
-                        params={"order": order, "axes": axes, "mode": mode, "dtype": dtype},
-                        allow_rechunk=True)
+    return apply_kernel(kind, x, "spline_filter", params=params, allow_rechunk=True)
 
 
 def _merge_chunks(chunks, width):
@@ -345,7 +347,8 @@ def resize(kind, input, output_shape, output=None, order=3, mode="constant", cva
 
 
 @array_entry("input", "output")
-def spline_filter1d(kind, input, order=3, axis=-1, output=np.float64, mode="mirror"):
+def spline_filter1d(kind, input, order=3, axis=-1, output=np.float64, mode="mirror",
+                    depth=None):
     """B-spline coefficients along one axis, as ``scipy.ndimage.spline_filter1d``.
 
     Parameters
@@ -362,6 +365,13 @@ def spline_filter1d(kind, input, order=3, axis=-1, output=np.float64, mode="mirr
         Array to fill or dtype of the result. Default float64.
     mode : str, optional
         Edge mode the coefficients are for (as :func:`zoom`'s). Default ``'mirror'``.
+    depth : int, optional
+        Dask arrays: the halo along ``axis``, in samples, as ``dask_image.ndinterp``'s
+        ``depth``. Default (None): the halo after which the coefficients are exact to the
+        output dtype's resolution (:func:`chunkernels.kernels.spline_filter.depth`: 13 samples
+        for cubic float32, 28 for float64). A smaller halo is cheaper and approximate. Whole
+        arrays are filtered exactly whatever it is. ``ValueError`` unless one integer, at
+        least 0.
 
     Returns
     -------
@@ -370,15 +380,23 @@ def spline_filter1d(kind, input, order=3, axis=-1, output=np.float64, mode="mirr
     """
     order = check_order(order)
     x = as_input(input, "spline_filter1d", chunk_sizes=True)
+    axis = normalize_axis_index(axis, x.ndim)
+    depths = None
+    if depth is not None:
+        if np.ndim(depth) != 0:
+            raise ValueError(f"spline_filter1d: depth must be one integer, the halo along the "
+                             f"filtered axis; got {depth!r}")
+        depths = tuple(depth if a == axis else 0 for a in range(x.ndim))
+        check_depths(depths, x.ndim)
     dtype, out = _output(kind, output, x, x.shape)
     if order < 2:
         return _store(x.astype(dtype, copy=True), out, output)
-    axis = normalize_axis_index(axis, x.ndim)
-    return _store(_coefficients(kind, x, order, mode, dtype, axes=(axis,)), out, output)
+    return _store(_coefficients(kind, x, order, mode, dtype, axes=(axis,), depths=depths), out,
+                  output)
 
 
 @array_entry("input", "output")
-def spline_filter(kind, input, order=3, output=np.float64, mode="mirror"):
+def spline_filter(kind, input, order=3, output=np.float64, mode="mirror", depth=None):
     """B-spline coefficients along every axis, as ``scipy.ndimage.spline_filter``.
 
     Parameters
@@ -391,6 +409,10 @@ def spline_filter(kind, input, order=3, output=np.float64, mode="mirror"):
         Array to fill or dtype of the result. Default float64.
     mode : str, optional
         Edge mode the coefficients are for. Default ``'mirror'``.
+    depth : int, sequence of int or dict, optional
+        Dask arrays: the halo along each axis, as ``dask_image.ndinterp``'s ``depth`` (one
+        integer for every axis, one per axis, or ``{axis: halo}``). Default (None): exact to
+        the output dtype's resolution, as :func:`spline_filter1d`'s.
 
     Returns
     -------
@@ -400,5 +422,6 @@ def spline_filter(kind, input, order=3, output=np.float64, mode="mirror"):
     """
     order = check_order(order, low=2)
     x = as_input(input, "spline_filter", chunk_sizes=True)
+    depths = None if depth is None else check_depths(depth, x.ndim)
     dtype, out = _output(kind, output, x, x.shape)
-    return _store(_coefficients(kind, x, order, mode, dtype), out, output)
+    return _store(_coefficients(kind, x, order, mode, dtype, depths=depths), out, output)

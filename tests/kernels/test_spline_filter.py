@@ -203,6 +203,47 @@ def test_chunks_with_the_halo_are_within_eps_of_the_whole_axis(order):
     assert np.abs(got - expected).max() <= 8 * np.finfo(float).eps * np.abs(expected).max()
 
 
+@pytest.mark.parametrize("mode", ["mirror", "reflect", "nearest"])
+def test_depth_sets_the_halo(mode):
+    """dask-image's ``depth``: with no halo each chunk is filtered on its own (as SciPy
+    filters it alone); with a halo of 24 the result is within dask-image's 1e-6 of SciPy's; the
+    default is exact; the dict and per-axis forms name the same halos; whole arrays ignore it."""
+    rng = np.random.default_rng(23)
+    x = rng.random((64, 48))
+    dx = da.from_array(x, chunks=(32, 16))
+    by_chunk = np.block([[ndi.spline_filter(x[i:i + 32, j:j + 16], 3, mode=mode)
+                          for j in range(0, 48, 16)] for i in range(0, 64, 32)])
+    assert_close(ndimage.spline_filter(dx, 3, mode=mode, depth=0).compute(), by_chunk)
+    expected = ndi.spline_filter(x, 3, mode=mode)
+    near = ndimage.spline_filter(dx, 3, mode=mode, depth=24).compute()
+    assert np.abs(near - expected).max() < 1e-6
+    assert np.abs(ndimage.spline_filter(dx, 3, mode=mode, depth=4).compute() - expected).max() \
+        > 1e-6  # a short halo is an approximation, not the default's exact result
+    assert_close(ndimage.spline_filter(dx, 3, mode=mode).compute(), expected)
+    for same in ({0: 24, 1: 24}, [24, 24], (24, 24)):
+        assert_close(ndimage.spline_filter(dx, 3, mode=mode, depth=same).compute(), near)
+    along_rows = ndimage.spline_filter1d(dx, 3, axis=0, mode=mode, depth=0).compute()
+    assert_close(along_rows, np.concatenate([ndi.spline_filter1d(x[:32], 3, axis=0, mode=mode),
+                                             ndi.spline_filter1d(x[32:], 3, axis=0, mode=mode)]))
+    assert_close(ndimage.spline_filter(x, 3, mode=mode, depth=0), expected)  # whole: exact
+
+
+@pytest.mark.parametrize("fn, depth, match", [
+    ("spline_filter1d", (16, 32), "depth must be one integer"),
+    ("spline_filter1d", [18], "depth must be one integer"),
+    ("spline_filter1d", -1, "at least 0"),
+    ("spline_filter", (1, 2, 3), "one halo per axis of the 2-d input, got 3"),
+    ("spline_filter", -2, "at least 0"),
+    ("spline_filter", 2.5, "integers"),
+    ("spline_filter", {3: 4}, "axis 3 is out of bounds"),
+])
+def test_depth_errors(fn, depth, match):
+    x = np.zeros((8, 6))
+    for a in (x, da.from_array(x, chunks=4)):
+        with pytest.raises((ValueError, np.exceptions.AxisError), match=match):
+            getattr(ndimage, fn)(a, 3, depth=depth)
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
