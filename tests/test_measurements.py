@@ -594,6 +594,13 @@ def test_histogram_and_comprehension_match_scipy(backend):
         got = host(ndimage.histogram(dx, -2, 2, 9, dl, [2, n + 4, 1]))
         want = ndi.histogram(x, -2, 2, 9, labels, [2, n + 4, 1])
         assert got[1] is None and want[1] is None
+        # a scalar label absent: scipy's None for Dask (as dask-image), cupyx's zeros for CuPy
+        assert ndi.histogram(x, -2, 2, 9, labels, n + 4) is None
+        absent = host(ndimage.histogram(dx, -2, 2, 9, dl, n + 4))
+        if backend.startswith("dask"):
+            assert absent is None
+        else:
+            np.testing.assert_array_equal(absent, np.zeros(9, np.int64))
         for g, w in ((got[0], want[0]), (got[2], want[2])):
             np.testing.assert_array_equal(host(g), w)
         index = [3, n + 2, 1, 3]

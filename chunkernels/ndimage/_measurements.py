@@ -1060,11 +1060,11 @@ def _histogram_block(select, keys, edges, nslots, origin, x, labels):
     return counts[:-1].reshape(nslots, bins), sizes[:-1]
 
 
-def _histograms(single, slots, out_shape, parts):
+def _histograms(single, slots, out_shape, absent_is_none, parts):
     counts = builtins.sum(p[0] for p in parts)
     sizes = builtins.sum(p[1] for p in parts)
     if single:
-        return counts[0]
+        return None if absent_is_none and not int(sizes[0]) else counts[0]
     host_sizes = sizes.get() if cuda.is_cupy_array(sizes) else sizes
     out = np.empty(slots.size, object)
     for entry, slot in enumerate(slots):
@@ -1093,8 +1093,9 @@ def histogram(input, min, max, bins, labels=None, index=None):  # noqa: A002 - s
         int64 counts for no index or a scalar one; for a list of labels an object array of
         counts (``None`` for absent labels), as scipy. CuPy input: CuPy counts (a list for a
         list of labels, as cupyx); Dask input: lazy Dask arrays (object dtype for a list). A
-        scalar label absent from ``labels`` gives ``None`` for NumPy input, as scipy, and zero
-        counts for CuPy and Dask input, whose result is an int64 array of ``bins`` counts.
+        scalar label absent from ``labels`` gives ``None`` for NumPy input, as scipy, and for
+        Dask input (the lazy array of ``bins`` counts computes to ``None``, as dask-image's
+        does); zero counts for CuPy input, as cupyx.
 
     Raises
     ------
@@ -1115,7 +1116,10 @@ def histogram(input, min, max, bins, labels=None, index=None):  # noqa: A002 - s
     nslots = 1 if q.keys is None else q.keys.size
     slots = np.zeros(1, np.int64) if q.slots is None else q.slots
     block = functools.partial(_histogram_block, q.select, q.keys, edges, nslots)
-    combine = functools.partial(_histograms, q.single, slots, q.out_shape)
+    # a scalar label absent from the labels: scipy's None for Dask input (as dask-image's
+    # result computes to), cupyx's zero counts for CuPy input
+    absent_is_none = q.backend == "dask" and q.select == "index"
+    combine = functools.partial(_histograms, q.single, slots, q.out_shape, absent_is_none)
     shape, dtype = ((edges.size - 1,), np.int64) if q.single else (q.out_shape, object)
     result = _per_block(q, "histogram", block, combine, shape, dtype, (q.select, q.keys, edges))
     if q.backend == "cupy" and not q.single:
