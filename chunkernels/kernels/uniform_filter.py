@@ -21,9 +21,10 @@ from chunkernels.kernels import correlate1d
 
 def reference(x, *, size, origin, mode, axes, cval=0.0, output=None):
     """CPU reference: ``scipy.ndimage.uniform_filter``; where a filter reaches beyond its axis
-    and beyond :data:`~chunkernels._shared.filters.SCIPY_REACH`, scipy's passes (each stored in the output dtype), those axes' sums taken over the filter
-    folded onto the axis (:func:`~chunkernels._shared.filters.folded_uniform_counts`), in
-    float64, then divided by the size."""
+    and beyond :data:`~chunkernels._shared.filters.SCIPY_REACH`, scipy's passes (each stored in
+    the output dtype), those axes' sums taken over the filter folded onto the axis
+    (:func:`~chunkernels._shared.filters.folded_uniform_counts`), in float64, then divided by
+    the size."""
     reaches = [filters.reach(s, o) for s, o in zip(size, origin)]
     least = filters.SCIPY_REACH
     if not any(filters.folds(r, x.shape[ax], least) for r, ax in zip(reaches, axes)):

@@ -386,8 +386,7 @@ def spline_filter1d(kind, input, order=3, axis=-1, output=np.float64, mode="mirr
         if np.ndim(depth) != 0:
             raise ValueError(f"spline_filter1d: depth must be one integer, the halo along the "
                              f"filtered axis; got {depth!r}")
-        depths = tuple(depth if a == axis else 0 for a in range(x.ndim))
-        check_depths(depths, x.ndim)
+        depths = check_depths({axis: depth}, x.ndim)
     dtype, out = _output(kind, output, x, x.shape)
     if order < 2:
         return _store(x.astype(dtype, copy=True), out, output)

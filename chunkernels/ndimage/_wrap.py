@@ -114,14 +114,13 @@ def wrapped_dask(labels, count, structure, wrap, dtype):
     faces = [labels[s] for pair in edge_pairs(labels.shape, structure, wrap) for s in pair]
     name = f"label-wrap-{_graph.tokenize(labels, count, structure, wrap, dtype)}"
     tasks = _graph.Tasks()
-    tasks.read(labels)
     whole = [tasks.call(_assembled, f.numblocks,
                         tasks.items(tasks.block(f, i) for i in np.ndindex(*f.numblocks)))
              for f in faces]
     table = tasks.add((f"{name}-table",), _merge_faces, tasks.block(count, ()), np.dtype(dtype),
                       *whole)
     for index in np.ndindex(*labels.numblocks):
-        tasks.add((name, *index), _relabel, tasks.ref((labels.name, *index)), table)
+        tasks.add((name, *index), _relabel, tasks.block(labels, index), table)
     out = tasks.array(name, labels.chunks, dtype, _graph.meta(labels, dtype))
     counted = _graph.Tasks()
     counted.read(out)
