@@ -232,7 +232,7 @@ def _round_from(ahead, window, dtype):
         at = np.flatnonzero(part)
         if at.size:
             n = part[at]
-            d = ksc.values(np.asarray(keep[0] + at, dtype=np.uint64), dtype).astype(np.float64)
+            d = ksc.values(np.uint64(keep[0]) + at.astype(np.uint64), dtype).astype(np.float64)
             d -= center
             total += float(np.dot(n, d))
             squares += float(np.dot(n, d * d))
