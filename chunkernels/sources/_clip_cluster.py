@@ -1,5 +1,5 @@
 """κ-σ clipping of a Dask array persisted on a distributed cluster: the workers pass over their own
-blocks, and one round trip per round of the loop carries only the small rows.
+blocks, and at most one round trip per round of the loop carries only the small rows.
 
 A Dask graph per pass (:class:`~chunkernels.sources._passes.GraphPasses`) costs a trip through the
 scheduler and the graph machinery for each of the loop's passes (21 of them for the demo's sky:
@@ -8,12 +8,20 @@ seconds on a ``LocalCUDACluster``). Here every worker that holds blocks of the a
 
 * where one worker holds every block, it runs the whole loop on them in one call;
 * otherwise the client drives the loop (:func:`~chunkernels.sources._passes.clip_steps`, fused:
-  a round's last median pass goes out in one batch with the next round's passes) and, for each
-  pass or batch, calls every worker's actor at once, directly (the client's connection to the
-  worker, no scheduler hop). Each actor runs the pass on its blocks (one launch per CuPy block into its
-  device's row, or the NumPy partials) and returns its head rows and its histogram cut to the
-  non-empty bins; the client adds them up and selects the median's bins, as the graph's
-  combining task does.
+  a round's last median pass goes out in one batch with the next round's passes, and once the
+  median settles, with the passes of a tail that give every later round on the host) and, for
+  each pass or batch, calls every worker's actor at once, directly (the client's connection to
+  the worker, no scheduler hop). Each actor runs the pass on its blocks (one launch per CuPy
+  block into its device's row, or the NumPy partials) and returns its head rows and its
+  histogram cut to the non-empty bins; the client adds them up and selects the median's bins,
+  as the graph's combining task does.
+
+The call's first trip finds the blocks and opens the call: where the client already has actors,
+each is asked which of the array's blocks its worker holds (the scheduler is asked only where
+the answer is not each block exactly once), and GPU workers run the loop's first pass in the
+same trip, each centring its sums on its own first value (the client moves them to the
+array's). The demo's 8192² sky on two GPU workers takes 6 trips: that one and 5 batches,
+against a question to the scheduler, an opening trip and 11 trips before.
 
 The result is the one the other paths give: counts and histograms are exact, NumPy blocks' sums are
 added in block order (the graph's order, so the statistics are the same to the last bit), CuPy
@@ -39,10 +47,12 @@ import numpy as np
 from chunkernels import cuda
 from chunkernels.kernels import kappa_sigma_clip as ksc
 from chunkernels.sources._passes import (
+    ClipResult,
     DevicePasses,
     HostPasses,
     clip_steps,
     clip_with_passes,
+    first_pass,
     finish,
     split,
 )
@@ -67,14 +77,37 @@ class ClipService:
         passes, first = self._passes(keys, first_key)
         return await _run(passes, clip_with_passes, passes, dtype, kappa, max_iters, first)
 
-    async def open(self, call, keys, first_key):
+    async def locate(self, call, keys, first_key, dtype, kappa, max_iters):
+        """Which of the blocks ``keys`` (every block of the array, in block order) this worker
+        holds: where it holds them all, the whole loop's :class:`ClipResult`; otherwise
+        ``(indices, bins, first, per_block, ahead)``, the positions in ``keys`` of those it
+        holds (none: nothing more) and what :meth:`open` returns for them, call ``call``
+        opened."""
+        data = self.worker.data
+        indices = [i for i, key in enumerate(keys) if key in data]
+        if len(indices) == len(keys):
+            return await self.clip(keys, first_key, dtype, kappa, max_iters)
+        if not indices:
+            return indices, None, None, None, None
+        return (indices, *await self.open(call, [keys[i] for i in indices], first_key, dtype))
+
+    async def open(self, call, keys, first_key, dtype=None):
         """Get ready for the passes of call ``call`` over the blocks ``keys``: ``(bins, first,
-        per_block)``, the most histogram bins a pass here holds, the first value of block
-        ``first_key`` (None when it is not among ``keys``) and whether the head rows of a pass
-        are the blocks' own (NumPy) or the devices' (CuPy)."""
+        per_block, ahead)``, the most histogram bins a pass here holds, the first value of
+        block ``first_key`` (None when it is not among ``keys``), whether the head rows of a
+        pass are the blocks' own (NumPy) or the devices' (CuPy), and, given the ``dtype`` of
+        CuPy blocks, the loop's first pass over them: ``(center, what run returns)``, its sums
+        centred on the first value here (the client moves them to the array's first value),
+        which saves the loop a trip (None otherwise: NumPy blocks' sums are centred as every
+        runner of them centres them, to the last bit)."""
         passes, first = self._passes(keys, first_key)
         self.calls[call] = passes
-        return passes.nbins, first, isinstance(passes, HostPasses)
+        ahead = None
+        if dtype is not None and isinstance(passes, DevicePasses) and passes.nbins >= ksc.NBINS:
+            center = passes.first_value() if first is None else first
+            window = ksc.all_keys(dtype)
+            ahead = center, await self.run(call, first_pass(window, ksc.NBINS, center))
+        return passes.nbins, first, isinstance(passes, HostPasses), ahead
 
     async def run(self, call, params):
         """One pass of call ``call``: ``(heads, offset, histogram, seconds)``, the head rows,
@@ -123,7 +156,9 @@ async def _run(passes, fn, *args, **kwargs):
 def _trim(histogram):
     """``(offset, bins)``: the histogram's bins from its first non-empty one to its last, as
     uint16 or uint32 counts where they fit (a pass's reply stays small: a trip carries up to
-    four histograms of 65536 bins from each worker, whose counts often fit 16 bits)."""
+    a dozen histograms of 65536 bins from each worker, whose counts often fit 16 bits). Where
+    fewer than a quarter of those bins hold values (a histogram of single keys: a few values
+    spread over many keys), ``bins`` is the pair ``(positions, counts)`` of those alone."""
     filled = histogram != 0
     if not filled.any():
         return 0, np.zeros(0, np.uint32)
@@ -132,29 +167,62 @@ def _trim(histogram):
     first = int(filled.argmax())
     last = histogram.size - 1 - int(filled[::-1].argmax())
     part = histogram[first:last + 1]
+    at = None
+    if part.size >= 64:
+        at = np.flatnonzero(filled[first:last + 1])
+        if 4 * at.size < part.size:
+            part = part[at]
+        else:
+            at = None
     most = part.max()
     for counts in (np.uint16, np.uint32):
         if most <= np.iinfo(counts).max:
-            return first, part.astype(counts)
-    return first, part
+            part = part.astype(counts)
+            break
+    if at is None:
+        return first, part
+    return first, (at.astype(np.uint16 if at[-1] < 2**16 else np.uint32), part)
+
+
+def _add(histogram, offset, part):
+    """Add a reply's histogram (:func:`_trim`) into ``histogram``."""
+    if isinstance(part, tuple):
+        at, counts = part
+        histogram[offset + at.astype(np.intp)] += counts  # positions differ: no np.add.at
+    else:
+        histogram[offset:offset + part.size] += part
 
 
 # -- the client side ------------------------------------------------------------------------------
 
 def clip(x, kappa, max_iters):
     """κ-σ clip the Dask array ``x`` on the cluster that holds its blocks, or None when its blocks
-    are not all held by a running cluster's workers (the caller then builds a graph per pass)."""
-    plan = _plan(x)
-    if plan is None:
+    are not all held by a running cluster's workers (the caller then builds a graph per pass).
+
+    Where the client already has actors, they are asked first which blocks their workers hold
+    (the call's first trip, which also opens it): one trip to the workers instead of one to the
+    scheduler (``who_has``) and one to open the call. Only where they do not hold every block
+    exactly once (a worker joined, a block was copied) is the scheduler asked."""
+    found = _blocks(x)
+    if found is None:
         return None
-    client, holders, first_key, order = plan
+    client, keys, first_key, futures = found
     try:
+        known = _known_services(client)
+        if known:
+            result = client.sync(_clip_async, client, None, known, keys, first_key, x.dtype,
+                                 kappa, max_iters)
+            if result is not None:
+                return result
+        holders = _holders(client, keys, futures)
+        if holders is None:
+            return None
         services = _services(client, list(holders))
         if len(holders) == 1:
-            (address, keys), = holders.items()
-            return _call(client, address, services[address], "clip", keys, first_key, x.dtype,
+            (address, held), = holders.items()
+            return _call(client, address, services[address], "clip", held, first_key, x.dtype,
                          kappa, max_iters)
-        return client.sync(_clip_async, client, holders, services, first_key, order, x.dtype,
+        return client.sync(_clip_async, client, holders, services, keys, first_key, x.dtype,
                            kappa, max_iters)
     except (OSError, KeyError):
         # a worker left, or a block moved: forget the actors, and let a graph do it
@@ -176,10 +244,9 @@ def held(x) -> bool:
             and all(f.status == "finished" for f in futures))
 
 
-def _plan(x):
-    """``(client, {worker: keys in block order}, key of the first block, order)`` for an array
-    whose blocks are all in the memory of a running cluster's workers (None otherwise);
-    ``order`` sorts the workers' keys, one after the other, into block order."""
+def _blocks(x):
+    """``(client, keys in block order, key of the first block, futures)`` for an array whose
+    blocks are all in the memory of a running cluster's workers (None otherwise)."""
     import dask
     from distributed import futures_of, wait
 
@@ -192,9 +259,17 @@ def _plan(x):
     client = futures[0].client
     if client.status != "running" or any(f.client is not client for f in futures):
         return None
-    wait(futures)
     if any(f.status != "finished" for f in futures):
-        return None
+        wait(futures)
+        if any(f.status != "finished" for f in futures):
+            return None
+    first = tuple(next(i for i, c in enumerate(chunks) if c) for chunks in x.chunks)
+    return client, keys, (x.name, *first), futures
+
+
+def _holders(client, keys, futures):
+    """``{worker: its keys in block order}`` by the scheduler's word (None where a block is
+    held by no worker); a block held by several workers goes to the first of them."""
     who_has = client.who_has(futures)
     holders = {}
     for key in keys:
@@ -202,25 +277,49 @@ def _plan(x):
         if not held_by:
             return None
         holders.setdefault(held_by[0], []).append(key)
-    holders = dict(sorted(holders.items()))
-    rank = {key: i for i, key in enumerate(keys)}
-    order = np.argsort([rank[key] for held in holders.values() for key in held])
-    first = tuple(next(i for i, c in enumerate(chunks) if c) for chunks in x.chunks)
-    return client, holders, (x.name, *first), order
+    return dict(sorted(holders.items()))
 
 
-async def _clip_async(client, holders, services, first_key, order, dtype, kappa, max_iters):
+def _plan(x):
+    """``(client, {worker: keys in block order}, key of the first block)`` for an array whose
+    blocks are all in the memory of a running cluster's workers (None otherwise), by the
+    scheduler's word."""
+    found = _blocks(x)
+    if found is None:
+        return None
+    client, keys, first_key, futures = found
+    holders = _holders(client, keys, futures)
+    return None if holders is None else (client, holders, first_key)
+
+
+async def _clip_async(client, holders, services, keys, first_key, dtype, kappa, max_iters):
+    """The loop driven from the client over the workers ``holders`` (``{worker: its keys}``),
+    or, with ``holders=None``, over the workers of ``services`` that hold blocks, found by
+    asking each (None where they do not hold each block once: the caller asks the
+    scheduler)."""
     call = uuid.uuid4().hex
-    addresses = list(holders)
+    addresses = list(holders or services)
     try:
-        opened = await asyncio.gather(*(
-            _execute(client, a, services[a], "open", call, holders[a], first_key)
-            for a in addresses))
-        nbins = min(bins for bins, _, _ in opened)
-        first = next(f for _, f, _ in opened if f is not None)
+        start = time.perf_counter()
+        if holders is None:
+            located = await _locate(client, services, call, keys, first_key, dtype, kappa,
+                                    max_iters)
+            if located is None or isinstance(located, ClipResult):
+                return located
+            holders, opened = located
+            addresses = list(holders)
+        else:
+            opened = await asyncio.gather(*(
+                _execute(client, a, services[a], "open", call, holders[a], first_key, dtype)
+                for a in addresses))
+        trip = time.perf_counter() - start
+        rank = {key: i for i, key in enumerate(keys)}
+        order = np.argsort([rank[key] for held in holders.values() for key in held])
+        nbins = min(bins for bins, _, _, _ in opened)
+        first = next(f for _, f, _, _ in opened if f is not None)
         # NumPy blocks' head rows go back into block order, so that their sums add up as the
         # graph adds them; CuPy workers send one row per device, taken in worker order
-        if not all(per_block for _, _, per_block in opened):
+        if not all(per_block for _, _, per_block, _ in opened):
             order = None
         # A round trip per pass: the loop batches a round's passes into one (fuse). NumPy
         # blocks always do, as the other runners of NumPy blocks (the same sums to the last
@@ -234,6 +333,13 @@ async def _clip_async(client, holders, services, first_key, order, dtype, kappa,
 
         steps = clip_steps(dtype, kappa, max_iters, nbins, first, fuse=fuse)
         params = next(steps)
+        ahead = [a for _, _, _, a in opened]
+        if (order is None and None not in ahead
+                and params == first_pass(ksc.all_keys(dtype), nbins, first)):
+            # the workers ran the first pass as they opened the call
+            replies = [_recentred(reply, center, first) for center, reply in ahead]
+            first_trip.update(trip=trip, **{"pass": max(r[3] for r in replies)})
+            params = steps.send(_combine(replies, None, dtype, params))
         while True:
             if isinstance(params, list):
                 replies = await asyncio.gather(*(
@@ -258,6 +364,40 @@ async def _clip_async(client, holders, services, first_key, order, dtype, kappa,
             _background(client, _execute(client, a, services[a], "close", call))
 
 
+async def _locate(client, services, call, keys, first_key, dtype, kappa, max_iters):
+    """Ask every worker of ``services`` which blocks it holds, opening call ``call`` on those
+    that hold some: ``(holders, opened)`` (:meth:`ClipService.open`'s replies, in the order of
+    ``holders``), the result where one worker held them all, or None where the workers do not
+    hold each block exactly once."""
+    addresses = sorted(services)
+    replies = await asyncio.gather(*(
+        _execute(client, a, services[a], "locate", call, keys, first_key, dtype, kappa,
+                 max_iters) for a in addresses))
+    for reply in replies:
+        if isinstance(reply, ClipResult):
+            return reply
+    if sorted(i for reply in replies for i in reply[0]) != list(range(len(keys))):
+        return None
+    holding = [(a, reply) for a, reply in zip(addresses, replies) if reply[0]]
+    holders = {a: [keys[i] for i in reply[0]] for a, reply in holding}
+    return holders, [reply[1:] for _, reply in holding]
+
+
+def _recentred(reply, center, first):
+    """A first pass's reply (:meth:`ClipService.run`) with its sums of ``x - center`` made sums
+    of ``x - first``: the count ``n``, ``Σd`` and ``Σd²`` of each head row give
+    ``Σ(d + δ) = Σd + nδ`` and ``Σ(d + δ)² = Σd² + 2δΣd + nδ²`` with ``δ = center - first``."""
+    delta = float(center) - float(first)
+    if delta == 0.0:
+        return reply
+    heads = np.array(reply[0], dtype=np.float64)
+    n, total = heads[:, ksc.COUNT], heads[:, ksc.SUM].copy()
+    with np.errstate(over="ignore", invalid="ignore"):  # overflowed sums: the loop rescales
+        heads[:, ksc.SUM] = total + n * delta
+        heads[:, ksc.SUMSQ] += 2 * delta * total + n * delta * delta
+    return (heads, *reply[1:])
+
+
 def worth_fusing(trip, pass_time) -> bool:
     """Whether batching a round's passes saves time, from one round trip's time and the longest
     time a worker took for its pass in it (None: not known yet, batch). A batch saves a round
@@ -279,7 +419,7 @@ def _combine(replies, order, dtype, params):
     p = ksc.resolve(dtype, **ksc.validate(0, **split(params)[0]))
     histogram = np.zeros(0 if p["extremes"] else ksc.bin_count(p["bins"]))
     for _, offset, part, *_ in replies:
-        histogram[offset:offset + part.size] += part
+        _add(histogram, offset, part)
     return finish(heads, histogram, params)
 
 
@@ -306,6 +446,13 @@ _ATTRIBUTE = "_chunkernels_clip_services"
 _SERVICES_LOCK = threading.Lock()
 #: Calls sent without waiting for their reply, kept until they finish.
 _PENDING: set = set()
+
+
+def _known_services(client) -> dict:
+    """The keys of the ClipService actors ``client`` already has, by worker address."""
+    with _SERVICES_LOCK:
+        known = client.__dict__.get(_ATTRIBUTE, {})
+        return {a: f.key for a, f in known.items() if f.status == "finished"}
 
 
 def _services(client, addresses) -> dict:

@@ -134,22 +134,30 @@ def clip_steps(dtype, kappa, max_iters, nbins, first, fuse=False):
     center, scale = float(first), 1.0
     size_before, iterations, before = None, 0, None
     known = None  # this round's statistics, from the previous round's batch
+    tiles = None  # the batch's tail (_Tiles): later rounds' statistics without a pass
+    medians = []  # keys near the rounds' medians, whose steps judge whether a tail is worth it
     while True:
-        if known is None:
-            first_pass = {"window": window, "bins": ksc.fit_bins(*window, nbins),
-                          "center": center}
-            head = yield {**first_pass, "scale": scale}
+        resolved = None if tiles is None else tiles.round(window, dtype)
+        if resolved is not None:
+            count, mean, std, median = resolved
+            nans = 0
+        elif known is None:
+            tiles = None
+            head = yield first_pass(window, nbins, center, scale)
             count = int(head[ksc.COUNT])
             nans = int(head[ksc.NANS]) if size_before is None else 0
-            bins, ranks = first_pass["bins"], None
+            bins, ranks = ksc.fit_bins(*window, nbins), None
         else:
+            tiles = None
             count, nans, head, bins, ranks, mean, std = known
         size = count + nans
         if size_before == size:
             median, std, mean = before
             return ClipResult(median, std, size, iterations, lower, upper, mean, True)
         ahead = None
-        if nans or count == 0:
+        if resolved is not None:
+            pass  # the tail gave the median too
+        elif nans or count == 0:
             median, std, mean = median_type(dtype).type(np.nan), math.nan, math.nan
         else:
             if known is None:
@@ -158,13 +166,13 @@ def clip_steps(dtype, kappa, max_iters, nbins, first, fuse=False):
                     rescaled = yield from _rescale_steps(window, center)
                     if rescaled is not None:  # else: infinite values, a NaN std as np.std gives
                         scale = rescaled
-                        head = yield {**first_pass, "scale": scale}
+                        head = yield first_pass(window, nbins, center, scale)
                         mean, std, _ = _moments(head, count, center, scale)
             last = max_iters is not None and iterations == max_iters
             plan = None
             fused = fuse() if callable(fuse) else fuse
             if fused and not last and scale == 1.0 and math.isfinite(std):
-                plan = functools.partial(_next_round, window, std, kappa, dtype, nbins)
+                plan = functools.partial(_next_round, window, std, kappa, dtype, nbins, medians)
             median, ahead = yield from _median_steps(head, bins, ranks, window, count, dtype,
                                                      nbins, plan)
         if max_iters is not None and iterations == max_iters:
@@ -176,11 +184,20 @@ def clip_steps(dtype, kappa, max_iters, nbins, first, fuse=False):
         window = (max(window[0], new[0]), min(window[1], new[1]))
         if math.isfinite(median):
             center = float(median)
+            medians.append(_key_near(median, dtype))
         size_before, before = size, (median, std, mean)
         known = None if ahead is None else _round_from(ahead, window, dtype)
+        if ahead is not None:
+            tiles = _Tiles.of(ahead, dtype)
 
 
-def _next_round(window, std, kappa, dtype, nbins, bounds):
+def first_pass(window, nbins, center, scale=1.0):
+    """The parameters of a round's first pass: the moments and histogram of ``window``."""
+    return {"window": window, "bins": ksc.fit_bins(*window, nbins), "center": center,
+            "scale": scale}
+
+
+def _next_round(window, std, kappa, dtype, nbins, medians, bounds):
     """The next round's passes, to go out with this round's last median pass, whose median lies
     in ``bounds`` (its smallest and largest possible value); None where they cannot be planned.
 
@@ -190,7 +207,12 @@ def _next_round(window, std, kappa, dtype, nbins, bounds):
     histogram of single keys over each zone (at most ``nbins`` keys), whose values are known
     from their keys. :func:`_round_from` turns their results into the round's statistics once
     the median is known. Zones wider than the histogram (far from any usual data) are not
-    planned."""
+    planned.
+
+    Where the loop is converging (``medians``, the keys near the earlier rounds' medians, say
+    the median is about to stay within a histogram's width of keys), the passes of a *tail*
+    follow (:func:`_tail`): enough to find the later rounds' statistics too, each round on the
+    host, without another trip (:class:`_Tiles`)."""
     lo_key, hi_key = window
     low, high = (float(v) for v in bounds)
     if not (math.isfinite(low) and math.isfinite(high)):
@@ -207,9 +229,82 @@ def _next_round(window, std, kappa, dtype, nbins, bounds):
                "scale": 1.0, "histogram": True}]
     for a, b in zones:
         if a <= b:
-            passes.append({"window": (a, b), "bins": (a, b, 0), "moments": False,
-                           "ranks": (0, 0), "histogram": True})
-    return passes, inner, zones, low
+            passes.append(_keys_pass((a, b)))
+    tail = _tail(zones, bounds, dtype, nbins, medians)
+    if tail is not None:
+        tail = (tail, len(passes))
+        passes += [_keys_pass(piece) if zone else _moments_pass(piece, low)
+                   for zone, piece in tail[0]]
+    return passes, inner, zones, low, tail
+
+
+def _keys_pass(keys):
+    """A pass counting the values of each key of the range ``keys`` (a histogram of single
+    keys, whose values are known from the keys)."""
+    return {"window": keys, "bins": (*keys, 0), "moments": False, "ranks": (0, 0),
+            "histogram": True}
+
+
+def _moments_pass(keys, center):
+    """A pass counting and summing the values of the range ``keys`` (no histogram)."""
+    return {"window": keys, "max_in": (1, 0), "center": center, "scale": 1.0}
+
+
+def _tail(zones, bounds, dtype, nbins, medians):
+    """The pieces of a tail, or None where the loop is not yet converging: ``[(is_zone, keys),
+    ...]``, consecutive key ranges that tile the keys from the lowest possible lower edge of the
+    next window (``zones[0][0]``) to the highest possible upper one (``zones[1][1]``).
+
+    Zones of single keys, ``nbins`` keys a pass: one from each of those edges inwards (where
+    the later rounds' edges go, as the windows only shrink) and up to :data:`TAIL_PASSES`
+    around this round's median (``bounds``); between them, ranges whose values are only
+    counted and summed. Any later window whose edges lie in the edge zones, and whose median
+    lies in a zone, then has its statistics on the host. Worth its passes only where the median
+    is settling (a step shorter than the one before): the zones reach as far again as its last
+    step, or three times that step extrapolated as a geometric series, whichever is longer.
+    A tail that misses costs passes, not trips: the batch's own passes still give the next
+    round, as they do without a tail."""
+    if len(medians) < 2:
+        return None
+    low, high = (_key_near(v, dtype) for v in bounds)
+    mid = (low + high) // 2
+    step, before = abs(mid - medians[-1]), abs(medians[-1] - medians[-2])
+    if step >= before:
+        return None
+    reach = max(step, 3 * (step * step // (before - step))) + (high - low) // 2 + 1
+    if 2 * reach + 1 > TAIL_PASSES * nbins:
+        return None
+    first, last = zones[0][0], zones[1][1]
+    wanted = [(first, first + nbins - 1), (mid - reach, mid + reach),
+              (last - nbins + 1, last)]
+    merged = []
+    for a, b in sorted((max(a, first), min(b, last)) for a, b in wanted):
+        if a > b:
+            continue
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    pieces = []
+    for a, b in merged:
+        if pieces:
+            pieces.append((False, (pieces[-1][1][1] + 1, a - 1)))
+        for start in range(a, b + 1, nbins):
+            pieces.append((True, (start, min(b, start + nbins - 1))))
+    return pieces
+
+
+#: Most passes of single keys a tail spends around the median.
+TAIL_PASSES = 8
+
+
+def _key_near(value, dtype):
+    """The key of the value of ``dtype`` nearest ``value`` (a median: the mean of two values)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        info = np.iinfo(dtype)
+        value = min(max(round(float(value)), info.min), info.max)
+    return ksc.key_of(value, dtype)
 
 
 def _round_from(ahead, window, dtype):
@@ -217,7 +312,7 @@ def _round_from(ahead, window, dtype):
     :func:`_next_round` planned (``ahead``: the plan and their results) now that its window is
     known; None where its median's ranks fall outside the inner window or its sums overflow
     (the round then takes a pass of its own)."""
-    (passes, inner, zones, center), results = ahead
+    (passes, inner, zones, center, _), results = ahead
     head, histogram = results[0]
     if not (zones[0][0] <= window[0] <= inner[0] and inner[1] <= window[1] <= zones[1][1]):
         return None  # not what the plan allowed for: no shortcut
@@ -251,6 +346,90 @@ def _round_from(ahead, window, dtype):
         return None
     head = ksc.select_bins(head.copy(), histogram, ranks)
     return count, 0, head, passes[0]["bins"], ranks, mean, std
+
+
+class _Tiles:
+    """The results of a tail's passes (:func:`_tail`): the counts of single keys over its
+    zones and the counts and sums between them, from which :meth:`round` gives a round's
+    statistics on the host, for any window whose edges and median they resolve."""
+
+    def __init__(self, pieces, center):
+        self.pieces = pieces  # (keys, counts, deviations) of a zone, (range, head) between
+        self.center = center
+        self.start, self.end = pieces[0][2], pieces[-1][3]
+
+    @classmethod
+    def of(cls, ahead, dtype):
+        """The tiles of a batch's tail (None where the batch had none)."""
+        (_, _, _, center, tail), results = ahead
+        if tail is None:
+            return None
+        spec, start = tail
+        pieces = []
+        for (zone, (a, b)), result in zip(spec, results[start:]):
+            if zone:
+                counts = result[1]
+                at = np.flatnonzero(counts)
+                keys = np.uint64(a) + at.astype(np.uint64)
+                d = ksc.values(np.asarray(keys, dtype=np.uint64), dtype).astype(np.float64)
+                d -= center
+                pieces.append((True, (keys, counts[at].astype(np.int64), d), a, b))
+            else:
+                pieces.append((False, result, a, b))
+        return cls(pieces, center)
+
+    def round(self, window, dtype):
+        """``(count, mean, std, median)`` of the values in ``window``, or None where its edges
+        or its median lie in a range that was only counted (or outside the tiles), or where it
+        keeps nothing (the loop's own passes say what that means)."""
+        a, b = window
+        if a > b or a < self.start or b > self.end:
+            return None
+        n, total, squares = 0, 0.0, 0.0
+        parts = []  # (count, keys, counts) in key order; keys None between the zones
+        for zone, data, lo, hi in self.pieces:
+            if hi < a or lo > b:
+                continue
+            if not zone:
+                inside = int(data[ksc.COUNT])
+                if inside and (lo < a or hi > b):
+                    return None  # an edge among values only counted
+                if inside:
+                    n += inside
+                    total += float(data[ksc.SUM])
+                    squares += float(data[ksc.SUMSQ])
+                    parts.append((inside, None, None))
+                continue
+            keys, counts, d = data
+            i, j = np.searchsorted(keys, max(a, lo)), np.searchsorted(keys, min(b, hi), "right")
+            if i == j:
+                continue
+            c, dd = counts[i:j], d[i:j]
+            inside = int(c.sum())
+            n += inside
+            total += float(np.dot(c, dd))
+            squares += float(np.dot(c, dd * dd))
+            parts.append((inside, keys[i:j], c))
+        if n == 0:
+            return None
+        middle = []
+        for rank in ((n - 1) // 2, n // 2):
+            below = 0
+            for inside, keys, counts in parts:
+                if rank < below + inside:
+                    if keys is None:
+                        return None  # the median among values only counted
+                    at = np.searchsorted(np.cumsum(counts), rank - below, "right")
+                    middle.append(int(keys[at]))
+                    break
+                below += inside
+        row = np.zeros(ksc.HEAD)
+        row[ksc.COUNT], row[ksc.SUM], row[ksc.SUMSQ] = n, total, squares
+        mean, std, finite = _moments(row, n, self.center, 1.0)
+        if not finite:
+            return None
+        median = _middle(ksc.values(np.asarray(middle, dtype=np.uint64), dtype), n)
+        return n, mean, std, median
 
 
 def _moments(head, count, center, scale):

@@ -629,6 +629,121 @@ def test_cluster_fuses_where_a_trip_costs_more_than_two_passes():
     assert not worth_fusing(3e-3, 1e-3)  # the break-even: not worth it
 
 
+def _without_tail(monkeypatch):
+    from chunkernels.sources import _passes
+
+    monkeypatch.setattr(_passes, "_tail", lambda *args: None)
+
+
+def test_tail_finds_the_settling_rounds_on_the_host(monkeypatch):
+    """Once the median settles, a batch adds the passes of a tail, and the later rounds come
+    from them on the host: fewer trips, the same kept values, medians and rounds."""
+    from chunkernels.sources import _passes, synthetic_sky
+
+    x = np.asarray(synthetic_sky(1024, chunks=1024)[0].compute())
+    blocks = [x[:300], x[300:]]
+    resolved = []
+    tiles_round = _passes._Tiles.round
+
+    def counted(self, window, dtype):
+        stats = tiles_round(self, window, dtype)
+        resolved.append(stats is not None)
+        return stats
+
+    monkeypatch.setattr(_passes._Tiles, "round", counted)
+    with_tail, trips, _ = _driven(blocks, True)
+    assert sum(resolved) >= 2  # rounds found from the tail's passes
+    _without_tail(monkeypatch)
+    fused, fused_trips, _ = _driven(blocks, True)
+    plain, plain_trips, _ = _driven(blocks, False)
+    assert trips < fused_trips < plain_trips
+    assert _same_values(with_tail, fused) and _same_values(with_tail, plain)
+    assert _same_values(with_tail, clip_reference(x))
+
+
+@pytest.mark.parametrize("nbins", [ksc.NBINS, 64, 2])
+@pytest.mark.parametrize("dtype", [*FLOATS, "int16", "uint8", "int64", "uint64"])
+def test_fused_loop_with_tails_keeps_the_lessons_values(nbins, dtype):
+    """Random skies, ties, every key width (64-bit keys above 2**63 too), histograms too
+    narrow for most plans, max_iters: the fused loop, tails and all, keeps what the loop of
+    one pass per trip keeps, and what the definition keeps."""
+    for seed in range(4):
+        rng = np.random.default_rng(seed + 10 * nbins)
+        shape = (int(rng.integers(2, 260)), int(rng.integers(1, 180)))
+        x = sky(rng, shape, "float64", sources=max(1, shape[0] // 4))
+        if seed % 2:
+            x = np.round(x, 1)  # ties
+        if np.dtype(dtype).kind in "iu":
+            x = np.clip(x * 40 + 100, 0, 255 if dtype == "uint8" else 10_000)
+        x = x.astype(dtype)
+        blocks = [x[: shape[0] // 2], x[shape[0] // 2:]]
+        for max_iters in (None, 1, 4):
+            fused, _, _ = _driven(blocks, True, max_iters, nbins)
+            plain, _, _ = _driven(blocks, False, max_iters, nbins)
+            assert _same_values(fused, plain), (seed, max_iters)
+            assert _same_values(fused, clip_reference(x, max_iters=max_iters)), (seed, max_iters)
+
+
+def test_tiles_give_a_windows_statistics_or_none():
+    """The tiles of a tail: single keys over zones, counts and sums between them. A window
+    whose edges and median lie in the zones gets its count, mean, std and median exactly as
+    the values give them; an edge or the median among values only counted gives None."""
+    from chunkernels.sources._passes import HostPasses, _Tiles
+
+    rng = np.random.default_rng(3)
+    x = np.round(rng.standard_normal(5000) * 100).astype("int16")  # ties: keys of 700 values
+    k = np.sort(ksc.keys(x))
+    passes = HostPasses([x[:2000], x[2000:]])
+    # zones of single keys around the 5th, 50th and 95th percentiles, counted ranges between
+    cuts = [int(k[int(q * k.size)]) for q in (0.03, 0.07, 0.45, 0.55, 0.93, 0.97)]
+    pieces = [(True, (cuts[0], cuts[1])), (False, (cuts[1] + 1, cuts[2] - 1)),
+              (True, (cuts[2], cuts[3])), (False, (cuts[3] + 1, cuts[4] - 1)),
+              (True, (cuts[4], cuts[5]))]
+    center = 0.25
+    results = [passes(window=r, bins=(*r, 0), moments=False, ranks=(0, 0), histogram=True)
+               if zone else passes(window=r, max_in=(1, 0), center=center)
+               for zone, r in pieces]
+    tiles = _Tiles.of((((), None, None, center, (pieces, 0)), results), x.dtype)
+    inside = [int(v) for v in k[(k >= cuts[0]) & (k <= cuts[1])]]
+    upper = [int(v) for v in k[(k >= cuts[4]) & (k <= cuts[5])]]
+    checked = 0
+    for a in inside[::17] + [cuts[1] + 1]:
+        for b in upper[::13] + [cuts[4] - 1]:
+            kept = ksc.values(k[(k >= a) & (k <= b)], x.dtype)
+            stats = tiles.round((a, b), x.dtype)
+            assert stats is not None
+            count, mean, std, median = stats
+            assert count == kept.size and median == np.median(kept)
+            assert mean == pytest.approx(kept.astype(np.float64).mean(), rel=1e-12, abs=1e-12)
+            assert std == pytest.approx(kept.astype(np.float64).std(), rel=1e-9)
+            checked += 1
+    assert checked > 100
+    middle = int(k[k.size // 2])
+    assert tiles.round((cuts[1] + 2, cuts[5]), x.dtype) is None  # an edge in a counted range
+    assert tiles.round((cuts[0] - 1, cuts[5]), x.dtype) is None  # beyond the tiles
+    assert tiles.round((middle, cuts[5]), x.dtype) is None  # the median among counted values
+    assert tiles.round((cuts[5], cuts[0]), x.dtype) is None  # an empty window
+
+
+def test_first_pass_sums_move_to_another_center():
+    """A GPU worker's first pass, centred on its own first value, moved to the array's."""
+    from chunkernels.sources._clip_cluster import _recentred
+
+    rng = np.random.default_rng(8)
+    blocks = [rng.standard_normal(1000) * 3 + 7, rng.standard_normal(10) - 2, np.zeros(0)]
+    heads = np.zeros((len(blocks), ksc.HEAD))
+    for row, block, center in zip(heads, blocks, (7.5, -1.0, 3.0)):
+        row[ksc.COUNT], row[ksc.SUM] = block.size, (block - center).sum()
+        row[ksc.SUMSQ] = ((block - center) ** 2).sum()
+    for center, first in ((7.5, 6.0), (-1.0, 6.0), (3.0, 3.0)):
+        moved = _recentred((heads[:1] if center == 7.5 else heads[1:2] if center == -1.0
+                            else heads[2:], 0, None, 0.0), center, first)[0][0]
+        block = blocks[(7.5, -1.0, 3.0).index(center)]
+        assert moved[ksc.COUNT] == block.size
+        assert moved[ksc.SUM] == pytest.approx((block - first).sum(), rel=1e-12, abs=1e-12)
+        assert moved[ksc.SUMSQ] == pytest.approx(((block - first) ** 2).sum(), rel=1e-12)
+
+
 def test_graph_and_host_passes_fuse_alike_to_the_last_bit():
     """NumPy blocks give the same bits on every runner: the in-process graph per batch and a
     worker's passes over its blocks."""
@@ -810,33 +925,86 @@ def test_cluster_actors_are_made_once_per_worker_and_released(cpu_cluster):
     assert first == again == kappa_sigma_clip(dx)
 
 
+def test_cluster_asks_its_actors_where_the_blocks_are(cpu_cluster, monkeypatch):
+    """With actors made, a call asks them which blocks they hold (one trip, which opens the
+    call) instead of the scheduler; where the answer is not each block exactly once (a block
+    copied to a second worker) the scheduler is asked after all. The same result either way."""
+    from chunkernels.sources import _clip_cluster
+
+    x = sky(np.random.default_rng(46), (90, 80), "float64")
+    dx = da.from_array(x, chunks=30)
+    asked = []
+    holders = _clip_cluster._holders
+
+    def counted(client, keys, futures):
+        asked.append(1)
+        return holders(client, keys, futures)
+
+    monkeypatch.setattr(_clip_cluster, "_holders", counted)
+    with cpu_cluster.as_current():
+        _clip_cluster.release(cpu_cluster)
+        on_workers = _on(cpu_cluster, dx)
+        first = kappa_sigma_clip(on_workers)
+        assert len(asked) == 1  # no actors yet: the scheduler says where the blocks are
+        again = kappa_sigma_clip(on_workers)
+        assert len(asked) == 1  # the actors said
+        cpu_cluster.replicate(_futures(on_workers)[:2], n=2)
+        copied = kappa_sigma_clip(on_workers)
+        assert len(asked) == 2  # a block held twice: the scheduler is asked
+        _clip_cluster.release(cpu_cluster)
+    assert first == again == copied == kappa_sigma_clip(dx)
+
+
+def _futures(x):
+    from distributed import futures_of
+
+    return futures_of(x)
+
+
 def _open_calls(keys, dask_worker):
     return sum(len(dask_worker.state.actors[k].calls) for k in keys if k in dask_worker.state.actors)
 
 
 def test_cluster_reply_holds_the_histograms_non_empty_bins():
     """A worker's reply cuts its histogram to the bins from the first non-empty one to the
-    last, as uint16 or uint32 counts where they fit."""
-    from chunkernels.sources._clip_cluster import _trim
+    last, as uint16 or uint32 counts where they fit, or to the non-empty bins alone where
+    fewer than a quarter of those hold values; the client adds it back exactly."""
+    from chunkernels.sources._clip_cluster import _add, _trim
 
     rng = np.random.default_rng(5)
     cases = [np.zeros(0), np.zeros(7), np.eye(1, 9, 0)[0], np.eye(1, 9, 8)[0], np.full(4, 2.0),
              np.array([0, 0, 2.0**33, 0, 1, 0]), np.array([2.0**16 - 1, 0, 3]),
              np.array([2.0**16, 0, 3]), np.array([5, 2.0**32 - 1])]
     for size in (1, 100, 65536):
-        h = rng.integers(0, 5, size) * (rng.random(size) < 0.01)
-        cases.append(h.astype(np.float64))
+        for density in (0.01, 0.2, 0.3, 1.0):
+            h = rng.integers(1, 5, size) * (rng.random(size) < density)
+            cases.append(h.astype(np.float64))
+    sparse = 0
     for histogram in cases:
         offset, part = _trim(histogram)
         filled = np.flatnonzero(histogram)
         if not filled.size:
             assert (offset, part.size) == (0, 0)
             continue
-        assert offset == filled[0] and part.size == filled[-1] - filled[0] + 1
-        np.testing.assert_array_equal(part, histogram[filled[0]:filled[-1] + 1])
+        assert offset == filled[0]
+        span = filled[-1] - filled[0] + 1
+        if isinstance(part, tuple):
+            sparse += 1
+            at, counts = part
+            assert 4 * filled.size < span and at.size == counts.size == filled.size
+            np.testing.assert_array_equal(offset + at, filled)
+            np.testing.assert_array_equal(counts, histogram[filled])
+        else:
+            assert part.size == span and not (span >= 64 and 4 * filled.size < span)
+            np.testing.assert_array_equal(part, histogram[filled[0]:filled[-1] + 1])
+            counts = part
         most = histogram.max()
-        assert part.dtype == (np.uint16 if most < 2**16 else np.uint32 if most < 2**32
-                              else np.float64)
+        assert counts.dtype == (np.uint16 if most < 2**16 else np.uint32 if most < 2**32
+                                else np.float64)
+        added = np.ones_like(histogram)
+        _add(added, offset, part)
+        np.testing.assert_array_equal(added, histogram + 1)
+    assert sparse >= 2
 
 
 def test_cluster_path_is_taken_only_for_blocks_on_the_workers(cpu_cluster):
@@ -856,15 +1024,15 @@ def test_cluster_falls_back_to_a_graph_when_a_block_left_its_worker(cpu_cluster,
 
     x = sky(np.random.default_rng(44), (50, 40), "float32")
     dx = da.from_array(x, chunks=20)
-    plan = _clip_cluster._plan
+    holders = _clip_cluster._holders
 
-    def moved(array):  # the scheduler's word is stale: a key said to be on the wrong worker
-        client, holders, first, order = plan(array)
-        (a, keys_a), (b, keys_b), *rest = holders.items()
-        return client, dict([(a, keys_a[:-1]), (b, keys_b + keys_a[-1:]), *rest]), first, order
+    def moved(client, keys, futures):  # the scheduler's word is stale: a key on the wrong worker
+        (a, keys_a), (b, keys_b), *rest = holders(client, keys, futures).items()
+        return dict([(a, keys_a[:-1]), (b, keys_b + keys_a[-1:]), *rest])
 
-    monkeypatch.setattr(_clip_cluster, "_plan", moved)
+    monkeypatch.setattr(_clip_cluster, "_holders", moved)
     with cpu_cluster.as_current():
+        _clip_cluster.release(cpu_cluster)  # no actors yet: the scheduler is asked
         result = kappa_sigma_clip(_on(cpu_cluster, dx))
         assert _clip_cluster._ATTRIBUTE not in cpu_cluster.__dict__  # forgotten after the failure
     assert result == kappa_sigma_clip(dx)
@@ -892,6 +1060,49 @@ def test_cluster_of_one_gpu_worker(dtype):
     assert _same_but_float_noise(result, clip_reference(x))
 
 
+@pytest.mark.gpu
+def test_cluster_of_two_workers_on_one_gpu(monkeypatch):
+    """Two worker processes sharing a GPU hold CuPy blocks: the client drives the loop. Their
+    first pass runs as the call opens (its sums moved to the array's first value), the
+    settling rounds come from a tail, and a second call finds the blocks through the actors.
+    The lesson's values each time."""
+    cp = pytest.importorskip("cupy")
+    distributed = pytest.importorskip("distributed")
+    from chunkernels.sources import _clip_cluster, _passes, synthetic_sky
+
+    x = np.asarray(synthetic_sky(1024, chunks=1024)[0].compute())
+    dx = da.from_array(cp.asarray(x), chunks=(256, 512), asarray=False)
+    reference = clip_reference(x)
+    resolved, recentred = [], []
+    tiles_round, recentre = _passes._Tiles.round, _clip_cluster._recentred
+
+    def counted(self, window, dtype):  # the client drives the loop: its rounds are counted here
+        stats = tiles_round(self, window, dtype)
+        resolved.append(stats is not None)
+        return stats
+
+    def moved(*args):
+        recentred.append(1)
+        return recentre(*args)
+
+    monkeypatch.setattr(_passes._Tiles, "round", counted)
+    monkeypatch.setattr(_clip_cluster, "_recentred", moved)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster, \
+            distributed.Client(cluster, set_as_default=False) as client:
+        on_workers = _on(client, dx)
+        assert len(_clip_cluster._plan(on_workers)[1]) == 2
+        with client.as_current():
+            first = kappa_sigma_clip(on_workers)
+            again = kappa_sigma_clip(on_workers)
+        assert len(_clip_cluster._known_services(client)) == 2
+    for result in (first, again):
+        assert _same_but_float_noise(result, reference)
+    expect_lesson(first, x)
+    assert len(recentred) == 4  # both workers' first passes, in both calls
+    assert sum(resolved) >= 2  # both calls found a round from a tail
+
+
 @pytest.mark.multigpu
 def test_cluster_of_two_gpu_workers():
     """Two GPU workers: the client combines the workers' rows every pass."""
@@ -906,8 +1117,10 @@ def test_cluster_of_two_gpu_workers():
         on_gpus = _on(c, dx)
         holders = _clip_cluster._plan(on_gpus)[1]
         result = kappa_sigma_clip(on_gpus)
+        again = kappa_sigma_clip(on_gpus)  # the actors say where the blocks are
         huge = kappa_sigma_clip(_on(c, da.from_array(cp.asarray(HUGE), chunks=1, asarray=False)))
     assert len(holders) == 2
     assert _same_but_float_noise(result, clip_reference(x))
+    assert _same_values(again, result)
     expect_lesson(result, x)
     assert huge.count == 3 and huge.std == pytest.approx(HUGE_STD, rel=1e-14)
