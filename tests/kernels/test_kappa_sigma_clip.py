@@ -1089,12 +1089,11 @@ def test_cluster_of_two_workers_on_one_gpu(monkeypatch):
     monkeypatch.setattr(_clip_cluster, "_recentred", moved)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
-            distributed.Client(cluster, set_as_default=False) as client:
+            distributed.Client(cluster, set_as_default=False) as client, client.as_current():
         on_workers = _on(client, dx)
         assert len(_clip_cluster._plan(on_workers)[1]) == 2
-        with client.as_current():
-            first = kappa_sigma_clip(on_workers)
-            again = kappa_sigma_clip(on_workers)
+        first = kappa_sigma_clip(on_workers)
+        again = kappa_sigma_clip(on_workers)
         assert len(_clip_cluster._known_services(client)) == 2
     for result in (first, again):
         assert _same_but_float_noise(result, reference)
