@@ -137,7 +137,7 @@ def clip_steps(dtype, kappa, max_iters, nbins, first, fuse=False):
     tiles = None  # the batch's tail (_Tiles): later rounds' statistics without a pass
     medians = []  # keys near the rounds' medians, whose steps judge whether a tail is worth it
     while True:
-        resolved = None if tiles is None else tiles.round(window, dtype)
+        resolved = None if tiles is None else tiles.statistics(window, dtype)
         if resolved is not None:
             count, mean, std, median = resolved
             nans = 0
@@ -327,8 +327,7 @@ def _round_from(ahead, window, dtype):
         at = np.flatnonzero(part)
         if at.size:
             n = part[at]
-            d = ksc.values(np.uint64(keep[0]) + at.astype(np.uint64), dtype).astype(np.float64)
-            d -= center
+            d = _deviations(keep[0], at, dtype, center)
             total += float(np.dot(n, d))
             squares += float(np.dot(n, d * d))
             count += float(n.sum())
@@ -350,11 +349,13 @@ def _round_from(ahead, window, dtype):
 
 class _Tiles:
     """The results of a tail's passes (:func:`_tail`): the counts of single keys over its
-    zones and the counts and sums between them, from which :meth:`round` gives a round's
+    zones and the counts and sums between them, from which :meth:`statistics` gives a round's
     statistics on the host, for any window whose edges and median they resolve."""
 
     def __init__(self, pieces, center):
-        self.pieces = pieces  # (keys, counts, deviations) of a zone, (range, head) between
+        # (is_zone, data, lo, hi) in key order: a zone's data is (offsets of its filled keys
+        # from lo, their counts, their values less center), a counted range's its head row
+        self.pieces = pieces
         self.center = center
         self.start, self.end = pieces[0][2], pieces[-1][3]
 
@@ -370,15 +371,13 @@ class _Tiles:
             if zone:
                 counts = result[1]
                 at = np.flatnonzero(counts)
-                keys = np.uint64(a) + at.astype(np.uint64)
-                d = ksc.values(np.asarray(keys, dtype=np.uint64), dtype).astype(np.float64)
-                d -= center
-                pieces.append((True, (keys, counts[at].astype(np.int64), d), a, b))
+                data = at, counts[at].astype(np.int64), _deviations(a, at, dtype, center)
+                pieces.append((True, data, a, b))
             else:
                 pieces.append((False, result, a, b))
         return cls(pieces, center)
 
-    def round(self, window, dtype):
+    def statistics(self, window, dtype):
         """``(count, mean, std, median)`` of the values in ``window``, or None where its edges
         or its median lie in a range that was only counted (or outside the tiles), or where it
         keeps nothing (the loop's own passes say what that means)."""
@@ -386,7 +385,7 @@ class _Tiles:
         if a > b or a < self.start or b > self.end:
             return None
         n, total, squares = 0, 0.0, 0.0
-        parts = []  # (count, keys, counts) in key order; keys None between the zones
+        parts = []  # (count, zone start, offsets, counts) in key order; no offsets: counted
         for zone, data, lo, hi in self.pieces:
             if hi < a or lo > b:
                 continue
@@ -398,10 +397,13 @@ class _Tiles:
                     n += inside
                     total += float(data[ksc.SUM])
                     squares += float(data[ksc.SUMSQ])
-                    parts.append((inside, None, None))
+                    parts.append((inside, lo, None, None))
                 continue
-            keys, counts, d = data
-            i, j = np.searchsorted(keys, max(a, lo)), np.searchsorted(keys, min(b, hi), "right")
+            # offsets from the zone's start, small integers: searching 64-bit keys themselves
+            # would compare them as float64 where NumPy mixes int64 and uint64
+            at, counts, d = data
+            i = np.searchsorted(at, max(a, lo) - lo)
+            j = np.searchsorted(at, min(b, hi) - lo, "right")
             if i == j:
                 continue
             c, dd = counts[i:j], d[i:j]
@@ -409,18 +411,18 @@ class _Tiles:
             n += inside
             total += float(np.dot(c, dd))
             squares += float(np.dot(c, dd * dd))
-            parts.append((inside, keys[i:j], c))
+            parts.append((inside, lo, at[i:j], c))
         if n == 0:
             return None
         middle = []
         for rank in ((n - 1) // 2, n // 2):
             below = 0
-            for inside, keys, counts in parts:
+            for inside, lo, at, counts in parts:
                 if rank < below + inside:
-                    if keys is None:
+                    if at is None:
                         return None  # the median among values only counted
-                    at = np.searchsorted(np.cumsum(counts), rank - below, "right")
-                    middle.append(int(keys[at]))
+                    k = np.searchsorted(np.cumsum(counts), rank - below, "right")
+                    middle.append(lo + int(at[k]))
                     break
                 below += inside
         row = np.zeros(ksc.HEAD)
@@ -430,6 +432,13 @@ class _Tiles:
             return None
         median = _middle(ksc.values(np.asarray(middle, dtype=np.uint64), dtype), n)
         return n, mean, std, median
+
+
+def _deviations(first, offsets, dtype, center):
+    """The values of the keys ``first + offsets`` (``offsets`` small non-negative integers),
+    less ``center``, in float64."""
+    keys = np.uint64(first) + np.asarray(offsets).astype(np.uint64)
+    return ksc.values(keys, dtype).astype(np.float64) - center
 
 
 def _moments(head, count, center, scale):

@@ -643,14 +643,14 @@ def test_tail_finds_the_settling_rounds_on_the_host(monkeypatch):
     x = np.asarray(synthetic_sky(1024, chunks=1024)[0].compute())
     blocks = [x[:300], x[300:]]
     resolved = []
-    tiles_round = _passes._Tiles.round
+    tiles_statistics = _passes._Tiles.statistics
 
     def counted(self, window, dtype):
-        stats = tiles_round(self, window, dtype)
+        stats = tiles_statistics(self, window, dtype)
         resolved.append(stats is not None)
         return stats
 
-    monkeypatch.setattr(_passes._Tiles, "round", counted)
+    monkeypatch.setattr(_passes._Tiles, "statistics", counted)
     with_tail, trips, _ = _driven(blocks, True)
     assert sum(resolved) >= 2  # rounds found from the tail's passes
     _without_tail(monkeypatch)
@@ -661,21 +661,34 @@ def test_tail_finds_the_settling_rounds_on_the_host(monkeypatch):
     assert _same_values(with_tail, clip_reference(x))
 
 
+def _wide(rng, n, dtype):
+    """Heavy-tailed integers of ``dtype`` spanning many keys, negative where it can hold them:
+    int64 keys between 2**53 and 2**63, uint64 ones below 2**53. (Values beyond 2**53 have no
+    float64 of their own: their statistics, and so the definition's window, round.)"""
+    info = np.iinfo(dtype)
+    span = min(30_000, (int(info.max) - int(info.min)) // 40)
+    centre = {"i": int(info.min) // 4, "u": int(info.max) // 4}[np.dtype(dtype).kind]
+    centre = 2**40 if dtype == "uint64" else -300_000 if dtype == "int64" else centre
+    x = np.round(rng.standard_t(2, n) * span)
+    return (np.clip(x, int(info.min) - centre, int(info.max) - centre).astype(np.int64)
+            .astype(object) + centre).astype(dtype)
+
+
 @pytest.mark.parametrize("nbins", [ksc.NBINS, 64, 2])
-@pytest.mark.parametrize("dtype", [*FLOATS, "int16", "uint8", "int64", "uint64"])
+@pytest.mark.parametrize("dtype", [*FLOATS, *INTS])
 def test_fused_loop_with_tails_keeps_the_lessons_values(nbins, dtype):
-    """Random skies, ties, every key width (64-bit keys above 2**63 too), histograms too
-    narrow for most plans, max_iters: the fused loop, tails and all, keeps what the loop of
-    one pass per trip keeps, and what the definition keeps."""
-    for seed in range(4):
+    """Random skies, ties, heavy-tailed integers over many keys of every width (64-bit keys
+    below 2**53, between 2**53 and 2**63 and above), histograms too narrow for most plans,
+    max_iters: the fused loop, tails and all, keeps what the loop of one pass per trip keeps,
+    and what the definition keeps."""
+    for seed in range(3):
         rng = np.random.default_rng(seed + 10 * nbins)
         shape = (int(rng.integers(2, 260)), int(rng.integers(1, 180)))
-        x = sky(rng, shape, "float64", sources=max(1, shape[0] // 4))
-        if seed % 2:
-            x = np.round(x, 1)  # ties
         if np.dtype(dtype).kind in "iu":
-            x = np.clip(x * 40 + 100, 0, 255 if dtype == "uint8" else 10_000)
-        x = x.astype(dtype)
+            x = _wide(rng, shape[0] * shape[1], dtype).reshape(shape)
+        else:
+            x = sky(rng, shape, "float64", sources=max(1, shape[0] // 4))
+            x = (np.round(x, 1) if seed % 2 else x).astype(dtype)  # ties
         blocks = [x[: shape[0] // 2], x[shape[0] // 2:]]
         for max_iters in (None, 1, 4):
             fused, _, _ = _driven(blocks, True, max_iters, nbins)
@@ -684,14 +697,28 @@ def test_fused_loop_with_tails_keeps_the_lessons_values(nbins, dtype):
             assert _same_values(fused, clip_reference(x, max_iters=max_iters)), (seed, max_iters)
 
 
-def test_tiles_give_a_windows_statistics_or_none():
+def test_tail_on_negative_int64():
+    """Keys of negative int64 values lie below 2**63 and above 2**53: the tail's rounds find
+    them as the definition does (they were once searched as float64, off by hundreds)."""
+    rng = np.random.default_rng(1)
+    x = (np.round(rng.standard_t(2, 20_000) * 30_000) - 300_000).astype(np.int64)
+    result = kappa_sigma_clip(da.from_array(x, chunks=5_000))
+    assert _same_but_float_noise(result, clip_reference(x))
+    expect_lesson(result, x)
+
+
+@pytest.mark.parametrize("dtype, offset", [("int16", 0), ("int64", -(2**40)),
+                                           ("uint64", 2**40)])
+def test_tiles_give_a_windows_statistics_or_none(dtype, offset):
     """The tiles of a tail: single keys over zones, counts and sums between them. A window
     whose edges and median lie in the zones gets its count, mean, std and median exactly as
-    the values give them; an edge or the median among values only counted gives None."""
+    the values give them; an edge or the median among values only counted gives None. 64-bit
+    keys too, below 2**53 and between 2**53 and 2**63."""
     from chunkernels.sources._passes import HostPasses, _Tiles
 
     rng = np.random.default_rng(3)
-    x = np.round(rng.standard_normal(5000) * 100).astype("int16")  # ties: keys of 700 values
+    x = (np.round(rng.standard_normal(5000) * 100).astype(np.int64).astype(object)
+         + offset).astype(dtype)  # ties: keys of 700 values
     k = np.sort(ksc.keys(x))
     passes = HostPasses([x[:2000], x[2000:]])
     # zones of single keys around the 5th, 50th and 95th percentiles, counted ranges between
@@ -699,7 +726,7 @@ def test_tiles_give_a_windows_statistics_or_none():
     pieces = [(True, (cuts[0], cuts[1])), (False, (cuts[1] + 1, cuts[2] - 1)),
               (True, (cuts[2], cuts[3])), (False, (cuts[3] + 1, cuts[4] - 1)),
               (True, (cuts[4], cuts[5]))]
-    center = 0.25
+    center = float(np.median(x))
     results = [passes(window=r, bins=(*r, 0), moments=False, ranks=(0, 0), histogram=True)
                if zone else passes(window=r, max_in=(1, 0), center=center)
                for zone, r in pieces]
@@ -710,7 +737,7 @@ def test_tiles_give_a_windows_statistics_or_none():
     for a in inside[::17] + [cuts[1] + 1]:
         for b in upper[::13] + [cuts[4] - 1]:
             kept = ksc.values(k[(k >= a) & (k <= b)], x.dtype)
-            stats = tiles.round((a, b), x.dtype)
+            stats = tiles.statistics((a, b), x.dtype)
             assert stats is not None
             count, mean, std, median = stats
             assert count == kept.size and median == np.median(kept)
@@ -719,29 +746,48 @@ def test_tiles_give_a_windows_statistics_or_none():
             checked += 1
     assert checked > 100
     middle = int(k[k.size // 2])
-    assert tiles.round((cuts[1] + 2, cuts[5]), x.dtype) is None  # an edge in a counted range
-    assert tiles.round((cuts[0] - 1, cuts[5]), x.dtype) is None  # beyond the tiles
-    assert tiles.round((middle, cuts[5]), x.dtype) is None  # the median among counted values
-    assert tiles.round((cuts[5], cuts[0]), x.dtype) is None  # an empty window
+    assert tiles.statistics((cuts[1] + 2, cuts[5]), x.dtype) is None  # an edge in a counted range
+    assert tiles.statistics((cuts[0] - 1, cuts[5]), x.dtype) is None  # beyond the tiles
+    assert tiles.statistics((middle, cuts[5]), x.dtype) is None  # the median among counted values
+    assert tiles.statistics((cuts[5], cuts[0]), x.dtype) is None  # an empty window
 
 
 def test_first_pass_sums_move_to_another_center():
-    """A GPU worker's first pass, centred on its own first value, moved to the array's."""
-    from chunkernels.sources._clip_cluster import _recentred
+    """A GPU worker's first pass, centred on its own first value, moved to the array's; the
+    client keeps it only where the move loses no digits of the std."""
+    from chunkernels.sources._clip_cluster import _kept_digits, _recentred
 
     rng = np.random.default_rng(8)
-    blocks = [rng.standard_normal(1000) * 3 + 7, rng.standard_normal(10) - 2, np.zeros(0)]
-    heads = np.zeros((len(blocks), ksc.HEAD))
-    for row, block, center in zip(heads, blocks, (7.5, -1.0, 3.0)):
-        row[ksc.COUNT], row[ksc.SUM] = block.size, (block - center).sum()
-        row[ksc.SUMSQ] = ((block - center) ** 2).sum()
-    for center, first in ((7.5, 6.0), (-1.0, 6.0), (3.0, 3.0)):
-        moved = _recentred((heads[:1] if center == 7.5 else heads[1:2] if center == -1.0
-                            else heads[2:], 0, None, 0.0), center, first)[0][0]
-        block = blocks[(7.5, -1.0, 3.0).index(center)]
+    for block, center, first in ((rng.standard_normal(1000) * 3 + 7, 7.5, 6.0),
+                                 (rng.standard_normal(10) - 2, -1.0, 6.0),
+                                 (np.zeros(0), 3.0, 3.0), (np.zeros(0), 3.0, 1.0)):
+        heads = np.zeros((1, ksc.HEAD))
+        heads[0, ksc.COUNT], heads[0, ksc.SUM] = block.size, (block - center).sum()
+        heads[0, ksc.SUMSQ] = ((block - center) ** 2).sum()
+        moved = _recentred((heads, 0, None, 0.0), center, first)[0][0]
         assert moved[ksc.COUNT] == block.size
         assert moved[ksc.SUM] == pytest.approx((block - first).sum(), rel=1e-12, abs=1e-12)
-        assert moved[ksc.SUMSQ] == pytest.approx(((block - first) ** 2).sum(), rel=1e-12)
+        assert moved[ksc.SUMSQ] == pytest.approx(((block - first) ** 2).sum(), rel=1e-12,
+                                                 abs=1e-12)
+    head = np.zeros(ksc.HEAD)
+    values = rng.standard_normal(100_000)
+    head[ksc.COUNT], head[ksc.SUM], head[ksc.SUMSQ] = values.size, values.sum(), (values**2).sum()
+    assert _kept_digits(head, [0.5, -20.0, 31.0], 0.0)  # within 32 standard deviations
+    assert not _kept_digits(head, [0.5, 1e4], 0.0)  # a bright first pixel: a pass of its own
+    assert _kept_digits(np.zeros(ksc.HEAD), [1e30], 0.0)  # nothing kept
+    head[ksc.SUMSQ] = np.inf
+    assert _kept_digits(head, [1e30], 0.0)  # overflowed: the loop rescales
+
+
+def test_actor_calls_only_its_own_methods():
+    import asyncio
+    import pickle
+
+    from chunkernels.sources._clip_cluster import ClipService
+
+    service = object.__new__(ClipService)  # no worker needed to refuse
+    with pytest.raises(ValueError, match="no method '__init__'"):
+        asyncio.run(service.execute(pickle.dumps(("__init__", ()))))
 
 
 def test_graph_and_host_passes_fuse_alike_to_the_last_bit():
@@ -862,7 +908,7 @@ def test_cluster_result_is_the_in_process_one(cpu_cluster, dtype, chunks):
     in_process = kappa_sigma_clip(dx)
     with cpu_cluster.as_current():
         on_workers = _on(cpu_cluster, dx)
-        holders = _clip_cluster._plan(on_workers)[1]
+        holders = _holders_of(on_workers)
         result, mask = kappa_sigma_clip(on_workers, return_mask=True)
         m = _host(mask)
     assert result == in_process
@@ -884,7 +930,7 @@ def test_cluster_max_iters_nans_and_one_worker(cpu_cluster, max_iters):
         result = kappa_sigma_clip(_on(cpu_cluster, dx), max_iters=max_iters)
         # every block on one worker: it runs the whole loop in one call
         one = _on(cpu_cluster, dx, workers=[min(cpu_cluster.scheduler_info()["workers"])])
-        assert len(_clip_cluster._plan(one)[1]) == 1
+        assert len(_holders_of(one)) == 1
         alone = kappa_sigma_clip(one, max_iters=max_iters)
         nan = x.copy()
         nan[50, 3] = np.nan
@@ -911,7 +957,7 @@ def test_cluster_actors_are_made_once_per_worker_and_released(cpu_cluster):
         on_workers = _on(cpu_cluster, dx)
         first = kappa_sigma_clip(on_workers)
         made = dict(cpu_cluster.__dict__[_clip_cluster._ATTRIBUTE])
-        assert len(made) == len(_clip_cluster._plan(on_workers)[1]) > 1
+        assert len(made) == len(_holders_of(on_workers)) > 1
         again = kappa_sigma_clip(on_workers)
         assert cpu_cluster.__dict__[_clip_cluster._ATTRIBUTE] == made  # the same actors
         # between calls they hold no blocks (the client closes the calls as it returns, without
@@ -951,14 +997,58 @@ def test_cluster_asks_its_actors_where_the_blocks_are(cpu_cluster, monkeypatch):
         cpu_cluster.replicate(_futures(on_workers)[:2], n=2)
         copied = kappa_sigma_clip(on_workers)
         assert len(asked) == 2  # a block held twice: the scheduler is asked
+        made = [f.key for f in cpu_cluster.__dict__[_clip_cluster._ATTRIBUTE].values()]
+        deadline = time.monotonic() + 10
+        while set(cpu_cluster.run(_open_calls, made).values()) != {0}:  # every call closed
+            assert time.monotonic() < deadline, "a ClipService call stayed open"
+            time.sleep(0.05)
         _clip_cluster.release(cpu_cluster)
     assert first == again == copied == kappa_sigma_clip(dx)
+
+
+def test_cluster_asks_the_scheduler_when_an_actor_is_gone(cpu_cluster, monkeypatch):
+    """An actor that no longer answers (its worker restarted) sends the call to the
+    scheduler's word and new actors, not to a graph per pass."""
+    from chunkernels.sources import _clip_cluster
+
+    from chunkernels.sources import _clip
+
+    x = sky(np.random.default_rng(47), (60, 50), "float32")
+    dx = da.from_array(x, chunks=20)
+    expected = kappa_sigma_clip(dx)
+    execute = _clip_cluster._execute
+
+    def no_graph(*args):
+        raise AssertionError("the call fell back to a graph per pass")
+
+    async def gone(client, address, actor, method, *args):
+        if method == "locate":
+            raise KeyError(actor)  # what a worker without that actor answers
+        return await execute(client, address, actor, method, *args)
+
+    with cpu_cluster.as_current():
+        on_workers = _on(cpu_cluster, dx)
+        kappa_sigma_clip(on_workers)  # actors made
+        monkeypatch.setattr(_clip_cluster, "_execute", gone)
+        monkeypatch.setattr(_clip, "GraphPasses", no_graph)
+        result = kappa_sigma_clip(on_workers)
+        assert len(_clip_cluster._known_services(cpu_cluster)) > 1  # made again
+        _clip_cluster.release(cpu_cluster)
+    assert result == expected
 
 
 def _futures(x):
     from distributed import futures_of
 
     return futures_of(x)
+
+
+def _holders_of(x):
+    """``{worker: its keys}`` of a persisted array's blocks, by the scheduler's word."""
+    from chunkernels.sources import _clip_cluster
+
+    client, keys, _, futures = _clip_cluster._blocks(x)
+    return _clip_cluster._holders(client, keys, futures)
 
 
 def _open_calls(keys, dask_worker):
@@ -1053,7 +1143,7 @@ def test_cluster_of_one_gpu_worker(dtype):
     in_process = kappa_sigma_clip(dx.persist())
     with cluster.client(1, dashboard_address=None) as c:
         on_gpu = _on(c, dx)
-        assert len(_clip_cluster._plan(on_gpu)[1]) == 1
+        assert len(_holders_of(on_gpu)) == 1
         result = kappa_sigma_clip(on_gpu)
         assert _clip_cluster.release(c) == 1
     assert result == in_process
@@ -1074,10 +1164,10 @@ def test_cluster_of_two_workers_on_one_gpu(monkeypatch):
     dx = da.from_array(cp.asarray(x), chunks=(256, 512), asarray=False)
     reference = clip_reference(x)
     resolved, recentred = [], []
-    tiles_round, recentre = _passes._Tiles.round, _clip_cluster._recentred
+    tiles_statistics, recentre = _passes._Tiles.statistics, _clip_cluster._recentred
 
     def counted(self, window, dtype):  # the client drives the loop: its rounds are counted here
-        stats = tiles_round(self, window, dtype)
+        stats = tiles_statistics(self, window, dtype)
         resolved.append(stats is not None)
         return stats
 
@@ -1085,13 +1175,13 @@ def test_cluster_of_two_workers_on_one_gpu(monkeypatch):
         recentred.append(1)
         return recentre(*args)
 
-    monkeypatch.setattr(_passes._Tiles, "round", counted)
+    monkeypatch.setattr(_passes._Tiles, "statistics", counted)
     monkeypatch.setattr(_clip_cluster, "_recentred", moved)
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   dashboard_address=None) as cluster, \
             distributed.Client(cluster, set_as_default=False) as client, client.as_current():
         on_workers = _on(client, dx)
-        assert len(_clip_cluster._plan(on_workers)[1]) == 2
+        assert len(_holders_of(on_workers)) == 2
         first = kappa_sigma_clip(on_workers)
         again = kappa_sigma_clip(on_workers)
         assert len(_clip_cluster._known_services(client)) == 2
@@ -1114,7 +1204,7 @@ def test_cluster_of_two_gpu_workers():
     dx = da.from_array(cp.asarray(x), chunks=(256, 500), asarray=False)
     with cluster.client(2, dashboard_address=None) as c:
         on_gpus = _on(c, dx)
-        holders = _clip_cluster._plan(on_gpus)[1]
+        holders = _holders_of(on_gpus)
         result = kappa_sigma_clip(on_gpus)
         again = kappa_sigma_clip(on_gpus)  # the actors say where the blocks are
         huge = kappa_sigma_clip(_on(c, da.from_array(cp.asarray(HUGE), chunks=1, asarray=False)))
