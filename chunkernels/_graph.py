@@ -428,6 +428,18 @@ def delayed_of_single_block(fn: Callable, a, token=None):
                                                          dependencies=tasks.dependencies))
 
 
+def assembled(blocks: Sequence, numblocks: Sequence[int]):
+    """One array of ``blocks``, a grid of ``numblocks`` blocks in C order (the last axis
+    fastest), joined axis by axis on their device; a lone block is returned as it is."""
+    xp = cuda.array_module(blocks[0])
+    blocks = list(blocks)
+    for axis in range(len(numblocks) - 1, -1, -1):
+        n = numblocks[axis]
+        if n > 1:
+            blocks = [xp.concatenate(blocks[i:i + n], axis=axis) for i in range(0, len(blocks), n)]
+    return blocks[0]
+
+
 def _single_block_name(fn: Callable, a, token) -> str:
     """The name of a one-task layer ``fn`` of ``a``'s single block: ``fn``'s name and the token
     of ``fn`` (or of ``token``, which stands for it) and ``a``."""

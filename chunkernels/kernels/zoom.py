@@ -23,7 +23,7 @@ import math
 
 import numpy as np
 
-from chunkernels import cuda, layout
+from chunkernels import _graph, cuda, layout
 from chunkernels._registry import KernelSpec
 from chunkernels._shared.interpolation import PREPADDED, check_mode
 
@@ -430,16 +430,12 @@ def _axis_reads(t, in_chunks):
     return segments, local
 
 
-def _assemble(xp, parts, segments):
+def _assemble(parts, segments):
     """The region: the blocks' slices, concatenated axis by axis (a view when there is one)."""
     grid = list(np.ndindex(*(len(s) for s in segments)))  # C order: the last axis fastest
     pieces = [part[tuple(segments[a][i][1] for a, i in enumerate(ix))]
               for part, ix in zip(parts, grid)]
-    for axis in range(len(segments) - 1, -1, -1):
-        n = len(segments[axis])
-        if n > 1:
-            pieces = [xp.concatenate(pieces[i:i + n], axis=axis) for i in range(0, len(pieces), n)]
-    return pieces[0]
+    return _graph.assembled(pieces, [len(s) for s in segments])
 
 
 class _BlockPlan:
@@ -457,7 +453,7 @@ def _block_task(strict, plan, *parts):
     """Task body: assemble the region from the input blocks, then run the kernel on it."""
     from chunkernels._dispatch import run_block
 
-    region = _assemble(cuda.array_module(parts[0]), parts, plan.segments)
+    region = _assemble(parts, plan.segments)
     return run_block(SPEC, region, (), plan.params, strict=strict)
 
 

@@ -114,8 +114,9 @@ def wrapped_dask(labels, count, structure, wrap, dtype):
     faces = [labels[s] for pair in edge_pairs(labels.shape, structure, wrap) for s in pair]
     name = f"label-wrap-{_graph.tokenize(labels, count, structure, wrap, dtype)}"
     tasks = _graph.Tasks()
-    whole = [tasks.call(_assembled, f.numblocks,
-                        tasks.items(tasks.block(f, i) for i in np.ndindex(*f.numblocks)))
+    whole = [tasks.call(_graph.assembled,
+                        tasks.items(tasks.block(f, i) for i in np.ndindex(*f.numblocks)),
+                        f.numblocks)
              for f in faces]
     table = tasks.add((f"{name}-table",), _merge_faces, tasks.block(count, ()), np.dtype(dtype),
                       *whole)
@@ -127,17 +128,6 @@ def wrapped_dask(labels, count, structure, wrap, dtype):
     counted.add((f"{name}-count",), _number, table)
     number = counted.array(f"{name}-count", (), np.intp, np.empty((), np.intp))
     return out, number
-
-
-def _assembled(numblocks, blocks):
-    """One array of ``blocks``, a grid of ``numblocks`` blocks in C order."""
-    if len(blocks) == 1:
-        return blocks[0]
-    xp = cuda.array_module(blocks[0])
-    for axis in reversed(range(len(numblocks))):
-        n = numblocks[axis]
-        blocks = [xp.concatenate(blocks[i:i + n], axis=axis) for i in range(0, len(blocks), n)]
-    return blocks[0]
 
 
 def _merge_faces(count, dtype, *faces):
