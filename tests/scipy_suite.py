@@ -41,6 +41,7 @@ import inspect
 import os
 
 import numpy as np
+import pytest
 
 #: The functions whose Dask result is an array where SciPy's is a tuple or list of tuples.
 _CONTAINERS = ("center_of_mass", "minimum_position", "maximum_position", "extrema")
@@ -203,6 +204,20 @@ def pytest_unconfigure(config):
     scipy_ndimage = sys.modules.get("scipy.ndimage")
     for name, theirs in _ORIGINALS.items():
         setattr(scipy_ndimage, name, theirs)
+
+
+def pytest_sessionfinish(session):
+    """Under pytest-xdist, a worker hands its counts to the controller (``workeroutput``)."""
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output["chunkernels_calls"] = dict(_CALLS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: add a finished worker's counts to the session's."""
+    for name, count in getattr(node, "workeroutput", {}).get("chunkernels_calls", {}).items():
+        _CALLS[name] = _CALLS.get(name, 0) + count
 
 
 def pytest_terminal_summary(terminalreporter):
