@@ -1058,20 +1058,26 @@ def persist_blocks(a, blocks_by_worker: dict[str, list[tuple]], client):
     wait(list(futures.values()))
     # a preference, not a pin (a lost worker's blocks must be made elsewhere): where work
     # stealing moved some, copy them to their worker; stealing may move a copy too (a copy
-    # runs best where its block is), so check again, a few times at most
+    # runs best where its block is), so check again, a few times at most. A round that copies
+    # any block puts every block under a new name, the others by a task on the worker already
+    # holding them (the same object, no copy), so that each key of the array is its block's
+    # own: a block under another key would make the array's key an alias task in every graph
+    # that reads it, and the scheduler, still holding the original key, refuses a task of
+    # that key with other dependencies (distributed's "Detected different `run_spec`")
     wanted = {(name, *index): worker for worker, indices in blocks_by_worker.items()
               for index in indices}
     for attempt in range(PLACEMENT_ATTEMPTS):
         who = client.who_has(list(futures.values()))
-        moved = {key: client.submit(_same, futures[key], workers=[wanted[key]],
-                                    key=(f"placed-{attempt}-{name}", *key[1:]),
-                                    allow_other_workers=True, pure=False)
-                 for key, future in futures.items()
-                 if wanted[key] not in who.get(future.key, ())}
-        if not moved:
+        if all(wanted[key] in who.get(f.key, ()) for key, f in futures.items()):
             break
+        renamed = f"placed-{attempt}-{a.name}"
+        moved = {(renamed, *key[1:]): client.submit(
+                     _same, future, workers=[wanted[key]], key=(renamed, *key[1:]),
+                     allow_other_workers=True, pure=False)
+                 for key, future in futures.items()}
         wait(list(moved.values()))
-        futures.update(moved)
+        wanted = {(renamed, *key[1:]): worker for key, worker in wanted.items()}
+        futures, name = moved, renamed
     return _array(futures, name, a.chunks, a.dtype, a._meta, [])
 
 

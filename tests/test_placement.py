@@ -97,6 +97,40 @@ def test_distribute_places_balanced_contiguous_tiles(source):
         assert_close(placed.compute(), x_np)
 
 
+def test_blocks_moved_off_their_worker_come_back_under_keys_of_their_own(monkeypatch):
+    """Where work stealing ran a block elsewhere (here: the scheduler's answer says so once),
+    every block goes under one new name, the moved one copied to its worker: each key of the
+    array is its block's own (no alias task of another key in the graphs that read it), and
+    graphs over it run without the scheduler's warning of a key given other dependencies."""
+    x_np = np.random.default_rng(5).random((32, 24))
+    with processes(2) as c:
+        workers = cluster.worker_addresses(c)
+        answers = []
+        real = c.who_has
+
+        def who_has(futures):
+            held = dict(real(futures))
+            if not answers:  # the first answer: block (0, 0) is on the other worker only
+                key = next(f.key for f in futures if f.key[1:] == (0, 0))
+                held[key] = (workers[1],)
+            answers.append(held)
+            return held
+
+        monkeypatch.setattr(c, "who_has", who_has)
+        placed = cluster.distribute(da.from_array(x_np, chunks=(8, 12)))
+        monkeypatch.undo()
+        assert len(answers) == 2  # copied once, then in place
+        layer = placed.dask.layers[placed.name]
+        assert placed.name.startswith("placed-0-")
+        assert all(future.key == key for key, future in layer.items())
+        where = _graph.placement(placed)
+        assert all(where[i] == workers[i[0] // 2] for i in np.ndindex(*placed.numblocks))
+        assert_close((placed + 1).compute(), x_np + 1)
+        assert_close(ndimage.uniform_filter(placed, 3).compute(), ndi.uniform_filter(x_np, 3))
+        logs = c.get_scheduler_logs(n=500)
+        assert not [m for _, m in logs if "Detected different `run_spec`" in m]
+
+
 @pytest.mark.parametrize("params, chunks", [
     ({"sigma": 2.0}, (40, 40)),
     ({"sigma": (3.0, 1.0), "mode": "wrap"}, (40, 25)),      # periodic: wrapped strips cross too
