@@ -431,7 +431,9 @@ def worth_fusing(trip, pass_time) -> bool:
     zones, against one pass): worth it while a trip's overhead exceeds two passes. Measured on
     two H100s (2026-11-26): a 32768² sky in 4096² chunks took 174 ms batched and 131 ms not
     (a pass of 3.5 ms in a first trip of 4.8); an 8192² one in 2048² chunks 62 and 64 ms (a
-    pass of 1.0 ms in a trip of 2.3), where a slower host's trips made batching worth more."""
+    pass of 1.0 ms in a trip of 2.3), where a slower host's trips made batching worth more.
+    (The 174 ms included the tail's sums through the BLAS, since replaced: on two H200s on
+    2026-11-27, 98.4 ms a 32768² call batched, against 101.9 ms not.)"""
     if trip is None or pass_time is None:
         return True
     return trip - pass_time > 2 * pass_time
