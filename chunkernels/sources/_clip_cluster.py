@@ -37,7 +37,6 @@ and drops them when the call ends.
 from __future__ import annotations
 
 import asyncio
-import math
 import pickle
 import sys
 import threading
@@ -52,6 +51,7 @@ from chunkernels.sources._passes import (
     ClipResult,
     DevicePasses,
     HostPasses,
+    _moments,
     clip_steps,
     clip_with_passes,
     first_pass,
@@ -417,11 +417,10 @@ def _kept_digits(head, centers, first) -> bool:
     count = float(head[ksc.COUNT])
     if not count:
         return True
-    total, squares = float(head[ksc.SUM]), float(head[ksc.SUMSQ])
-    var = (squares - total * total / count) / count
-    if not math.isfinite(var):
+    _, std, finite = _moments(head, count, 0.0, 1.0)
+    if not finite:
         return True  # the loop rescales overflowed sums with passes of its own
-    return all((float(c) - float(first)) ** 2 <= 1024 * var for c in centers)
+    return all((float(c) - float(first)) ** 2 <= 1024 * std * std for c in centers)
 
 
 def worth_fusing(trip, pass_time) -> bool:
