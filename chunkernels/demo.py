@@ -288,6 +288,8 @@ WARM_UP_SIZE = 256
 WARM_UP_CHUNK_MAX = 4096
 #: The largest sky :func:`warm_up` makes to match the run's size (a side, in pixels).
 WARM_UP_SIZE_MAX = 8192
+#: The most blocks per axis :func:`warm_up` copies from the run's grid of blocks.
+WARM_UP_GRID_MAX = 16
 
 
 def warm_up(client, chunk=None, size=None) -> None:
@@ -304,8 +306,14 @@ def warm_up(client, chunk=None, size=None) -> None:
     sky as large, up to :data:`WARM_UP_SIZE_MAX` (at least 2x2 blocks): kernels specialised on
     what a block holds, and what a worker first does at the run's scale (its memory pool grown,
     its merges of as many blocks and faces), are then done here, not in the first run (on two
-    GPUs, a warm-up of 2x2 blocks left the first 8192² run 4.9x slower than the next). Without
-    ``chunk``, the sky is :data:`WARM_UP_SIZE` pixels wide."""
+    GPUs, a warm-up of 2x2 blocks left the first 8192² run 4.9x slower than the next). Where
+    that sky has fewer blocks per axis than the run, the pipeline runs once more on a sky of
+    the run's grid of blocks (up to :data:`WARM_UP_GRID_MAX` per axis, at most
+    :data:`WARM_UP_SIZE_MAX` wide, so in smaller blocks): a worker's steps that join the pieces
+    of many blocks take other code past a few of them (CuPy's ``concatenate`` of more than 8
+    arrays launches a kernel of its own, compiled on first use: on one H100 the first 32768²
+    run in 8x8 blocks compiled four, 400 ms, after a warm-up of 2x2). Without ``chunk``, the
+    sky is :data:`WARM_UP_SIZE` pixels wide."""
     from chunkernels.cluster import worker_count
     from chunkernels.sources import synthetic_sky
 
@@ -313,12 +321,18 @@ def warm_up(client, chunk=None, size=None) -> None:
     side = math.isqrt(workers - 1) + 1  # blocks per axis: at least one block per worker,
     blocks = max(2, side)  # and at least 2x2, so that the label merges across chunk faces
     if chunk is None:
-        size, chunk = WARM_UP_SIZE, -(-WARM_UP_SIZE // blocks)
+        skies = [(WARM_UP_SIZE, -(-WARM_UP_SIZE // blocks))]
     else:
+        grid = min(-(-int(size or 0) // max(1, int(chunk))), WARM_UP_GRID_MAX)
         chunk = max(1, min(int(chunk), WARM_UP_CHUNK_MAX))
         size = max(blocks * chunk, min(int(size or 0), WARM_UP_SIZE_MAX))
-    image, _ = synthetic_sky(size, chunks=chunk, seed=0, gpu=True)
-    _find(_place(image, client), client, lambda name: contextlib.nullcontext())
+        skies = [(size, chunk)]
+        if grid > -(-size // chunk):
+            small = WARM_UP_SIZE_MAX // grid
+            skies.append((grid * small, small))
+    for size, chunk in skies:
+        image, _ = synthetic_sky(size, chunks=chunk, seed=0, gpu=True)
+        _find(_place(image, client), client, lambda name: contextlib.nullcontext())
 
 
 def _find(image, client, steps) -> _Found:

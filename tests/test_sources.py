@@ -5,6 +5,7 @@ argument errors."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import re
@@ -446,6 +447,36 @@ def test_demo_refuses_more_gpus_than_there_are(tmp_path, capsys, monkeypatch):
     code = main(["demo", "--gpus", "2", "--out", str(tmp_path)])
     assert code == 2
     assert "gpus=2 asks for more GPUs than there are" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+def test_demo_warm_up_leaves_the_first_run_nothing_to_compile(monkeypatch):
+    """After :func:`demo.warm_up` for a run of many more blocks than its first sky has, the
+    run's pipeline compiles no kernel (CuPy's concatenate of more than 8 arrays, a kernel of its
+    own, was compiled in the first 32768² run after a warm-up of 2x2 blocks). Compiles are
+    counted where CuPy compiles a module, for ours and CuPy's own kernels alike."""
+    cp = pytest.importorskip("cupy")
+    import cupy.cuda.compiler as compiler
+
+    compiled = []
+    original = compiler._compile_module_with_cache
+
+    def counted(*args, **kwargs):
+        compiled.append(args[0] if args else kwargs.get("source"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compiler, "_compile_module_with_cache", counted)
+    unique = np.random.default_rng().integers(1 << 30)  # a kernel no process has compiled
+    probe = cp.ElementwiseKernel("T x", "T y", f"y = x + {unique}", "chunkernels_test_probe")
+    probe(cp.zeros(3, np.float32))
+    assert len(compiled) == 1  # the counter sees a compile
+    # the run: 16x16 blocks of 256²; the warm-up's first sky (at most 512² here) has 2x2
+    monkeypatch.setattr(demo, "WARM_UP_SIZE_MAX", 512)
+    demo.warm_up(None, chunk=256, size=4096)
+    compiled.clear()
+    image, _ = synthetic_sky(4096, chunks=256, seed=3, gpu=True)
+    found = demo._find(demo._place(image, None), None, lambda name: contextlib.nullcontext())
+    assert found.count > 0 and compiled == []
 
 
 def test_demo_comparison_allows_pixels_within_float32_rounding_of_the_threshold():
