@@ -470,11 +470,12 @@ def test_demo_warm_up_leaves_the_first_run_nothing_to_compile(monkeypatch):
     probe = cp.ElementwiseKernel("T x", "T y", f"y = x + {unique}", "chunkernels_test_probe")
     probe(cp.zeros(3, np.float32))
     assert len(compiled) == 1  # the counter sees a compile
-    # the run: 16x16 blocks of 256²; the warm-up's first sky (at most 512² here) has 2x2
-    monkeypatch.setattr(demo, "WARM_UP_SIZE_MAX", 512)
-    demo.warm_up(None, chunk=256, size=4096)
+    # the run: 3x3 blocks of 2048², whose 9 partial tables are joined by one concatenate; the
+    # warm-up's first sky (at most 4096² here) has 2x2 of them, its second one 3x3 smaller ones
+    monkeypatch.setattr(demo, "WARM_UP_SIZE_MAX", 4096)
+    demo.warm_up(None, chunk=2048, size=6144)
     compiled.clear()
-    image, _ = synthetic_sky(4096, chunks=256, seed=3, gpu=True)
+    image, _ = synthetic_sky(6144, chunks=2048, seed=3, gpu=True)
     found = demo._find(demo._place(image, None), None, lambda name: contextlib.nullcontext())
     assert found.count > 0 and compiled == []
 

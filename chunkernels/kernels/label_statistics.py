@@ -487,7 +487,11 @@ def _found_rows(cp, views, lay, shape):
     else:
         rows = _rows_of_views(cp, views, _walked(views[0][0]), work, smap, span, shape)
     rows[:, work.key] = cp.arange(span, dtype=np.float64) + float(lo)
-    rows = rows[rows[:, work.count] > 0]
+    # the slots that counted some, found on the host: CuPy's boolean indexing scans the mask
+    # with kernels it compiles on first use, and which ones depends on the mask's length (a
+    # block-sum kernel past 512), so a run with more labels than its warm-up compiled there
+    # (100 ms on one H100); it reads the count back as well
+    rows = rows[cp.asarray(np.flatnonzero(cuda.to_host(rows[:, work.count] > 0)))]
     if work is not lay:  # count was added to find the labels present: its column goes
         rows = rows[:, [c for c in range(work.ncols) if c != work.count]]
     return rows
