@@ -84,15 +84,15 @@ def run(args) -> dict:
         for kind, workers, client in clusters(args):
             where = f"{workers} {'GPU' if kind == 'gpu' else 'CPU'} worker(s)"
             with progress.run(f"chunkernels on {where}, {shape[0]}x{shape[1]}"):
+                ready = None
+                if kind == "gpu":  # the demo readies its kernels first, when its cluster starts
+                    start = time.perf_counter()
+                    warm_up(client, chunk=max(chunk), size=max(shape))
+                    ready = time.perf_counter() - start
                 image = _sky(shape, chunk, kind == "gpu", client)
                 (host,) = on_host(image)
                 if reference is None or not np.array_equal(host, data):
                     data, reference = host, _cached_reference(host, args.out)
-                ready = None
-                if kind == "gpu":  # the demo readies its kernels first (cluster start)
-                    start = time.perf_counter()
-                    warm_up(client, chunk=max(chunk), size=max(shape))
-                    ready = time.perf_counter() - start
                 found = _pipeline(image, client)  # the first run, checked
                 _check(found, reference, where)
                 timed = [_pipeline(image, client)["times"] for _ in range(repeat)]
@@ -364,10 +364,11 @@ def _markdown(r) -> str:
              f"sources, background median {r['background']['median']:.6g}, σ "
              f"{r['background']['std']:.6g}. Every result equals the CPU reference before it "
              f"is timed; medians of {r['repeat']} runs, wall clock, each step until its result "
-             f"is back. Kernels ready: on GPUs, the demo's warm-up when its cluster starts (the "
-             f"pipeline on a sky of the run's chunk shape, at most {WARM_UP_CHUNK_MAX}² a "
-             f"chunk, and of its size, at most {WARM_UP_SIZE_MAX}², over every worker: kernels "
-             f"compiled, or loaded "
+             f"is back. Kernels ready: on GPUs, the demo's warm-up when its cluster starts, before "
+             f"the image is made (the pipeline on a sky of the run's chunk shape, at most "
+             f"{WARM_UP_CHUNK_MAX}² a chunk, and of its size, at most {WARM_UP_SIZE_MAX}², and, "
+             f"where that has fewer blocks per axis than the run, on a sky of the run's grid of "
+             f"blocks, over every worker: kernels compiled, or loaded "
              f"from CuPy's kernel cache once any process has compiled them; the first cluster of "
              f"a run with an empty cache is a fresh install's). First run: the steps the first "
              f"time on that cluster, after it. photutils and sep run once on the host copy of the "
