@@ -678,6 +678,26 @@ def test_device_table_matches_the_host_table(dtype):
 
 
 @pytest.mark.gpu
+def test_joined_summaries_view_one_allocation_and_copy_several():
+    """_joined: parts lying end to end in one allocation (a batch's summaries) come back as a
+    view of it; parts of several allocations, views with gaps, strided and empty ones as one
+    copy, equal to their concatenation; runs within them are copied as one."""
+    cp = pytest.importorskip("cupy")
+    batch = cp.arange(100, dtype=np.int64)
+    parts = [batch[0:10], batch[10:35], batch[35:100]]
+    joined = _device_merge._joined(parts)
+    assert joined.data.ptr == batch.data.ptr and joined.size == 100
+    other = cp.arange(1000, 1040, dtype=np.int64)
+    for parts in ([batch[0:10], batch[10:35], other[0:20], other[20:40], batch[50:60]],
+                  [batch[0:10], batch[11:20]],  # a gap
+                  [batch[::2], batch[1:3]],  # strided
+                  [other[0:0], batch[0:5], batch[5:5], batch[5:9], other[0:0]],  # empty
+                  [batch[i:i + 1] for i in range(40)] + [other[i:i + 1] for i in range(12)]):
+        joined = _device_merge._joined(parts)
+        np.testing.assert_array_equal(joined.get(), np.concatenate([p.get() for p in parts]))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape, chunks, connectivity", [
     ((70, 90), (16, 25), 1), ((70, 90), (16, 25), 2), ((70, 90), (70, 90), 1),
     ((13, 30, 21), (5, 8, 7), 3), ((200,), (30,), 1), ((6, 5, 7, 4), (2, 3, 3, 2), 4),

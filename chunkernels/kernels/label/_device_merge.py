@@ -127,18 +127,20 @@ def _joined(parts):
     launches a kernel of its own, compiled on first use, so a first run with more blocks than
     its warm-up compiled it (165 ms on one H100)."""
     cp = cuda.cupy()
-    runs = []  # (first part, size) of each run of parts lying end to end in one allocation
+    runs = []  # [first part, size, parts] of each run of parts lying end to end in one allocation
     for part in parts:
         if runs:
-            first, size = runs[-1]
-            if (part.dtype == first.dtype and part.flags.c_contiguous and first.flags.c_contiguous
-                    and part.data.mem is first.data.mem
+            first, size, _ = run = runs[-1]
+            if (part.size and size and part.dtype == first.dtype and part.flags.c_contiguous
+                    and first.flags.c_contiguous and part.data.mem is first.data.mem
                     and part.data.ptr == first.data.ptr + size * first.itemsize):
-                runs[-1] = (first, size + part.size)
+                run[1] += part.size
+                run[2] += 1
                 continue
-        runs.append((part, part.size))
-    views = [cp.ndarray((size,), dtype=first.dtype, memptr=first.data)
-             if first.flags.c_contiguous else first.ravel() for first, size in runs]
+        runs.append([part, part.size, 1])
+    views = [first.ravel() if count == 1 else
+             cp.ndarray((size,), dtype=first.dtype, memptr=first.data)
+             for first, size, count in runs]
     if len(views) == 1:
         return views[0]
     out = cp.empty(sum(v.size for v in views), dtype=np.result_type(*(v.dtype for v in views)))
