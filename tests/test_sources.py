@@ -458,8 +458,10 @@ def test_demo_warm_up_leaves_the_first_run_nothing_to_compile(monkeypatch):
     cp = pytest.importorskip("cupy")
     import cupy.cuda.compiler as compiler
 
+    original = getattr(compiler, "_compile_module_with_cache", None)
+    if original is None:  # CuPy's private entry point, as of CuPy 14
+        pytest.skip("this CuPy has no cupy.cuda.compiler._compile_module_with_cache to count")
     compiled = []
-    original = compiler._compile_module_with_cache
 
     def counted(*args, **kwargs):
         compiled.append(args[0] if args else kwargs.get("source"))
