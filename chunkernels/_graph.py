@@ -861,10 +861,8 @@ def _group_tasks(tasks, name, keys, chunks, itemsize, *, limit, group,
     """Group tasks over the output ``keys`` (in order), each made by ``group(key, where,
     members)`` for at most ``limit`` bytes of output (:func:`byte_runs`; ``where``: the blocks
     it computes, for its errors), and per output key a task picking its result;
-    ``pick_inputs(key)``: the references a pick task also takes, as dependencies only, on a
-    cluster (:func:`_placed_graph`), where the picks are coroutines
-    (:func:`_halo.picked_on_worker`)."""
-    pick = _halo.picked if pick_inputs is None else _halo.picked_on_worker
+    ``pick_inputs(key)``: the references a pick task also takes, as dependencies only
+    (:func:`_placed_graph`)."""
     for members in byte_runs([k[1:] for k in keys], chunks, itemsize, limit):
         members = [(name, *index) for index in members]
         key = (f"{name}-group", len(tasks.graph))
@@ -872,7 +870,8 @@ def _group_tasks(tasks, name, keys, chunks, itemsize, *, limit, group,
                  else tuple(members[0][1:]))
         ref = group(key, where, members)
         for position, k in enumerate(members):
-            tasks.add(k, pick, ref, position, *(() if pick_inputs is None else pick_inputs(k)))
+            tasks.add(k, _halo.picked, ref, position,
+                      *(() if pick_inputs is None else pick_inputs(k)))
 
 
 def byte_runs(indices, chunks, itemsize: int, limit: int) -> list[list[tuple]]:
@@ -915,9 +914,7 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
     to build, send and unpack than the GPUs took to run it). A pick task also takes its block's
     inputs: Dask's scheduler counts a task group whose dependencies hold fewer than 5 tasks in
     all as "root-ish" and hands a worker one at a time, a round trip each (64 picks of 4 groups
-    took 200 ms on one H100 that way). The picks are coroutines
-    (:func:`_halo.picked_on_worker`), which a worker runs on its event loop: this graph reads
-    the cluster's futures, so only a distributed scheduler runs it."""
+    took 200 ms on one H100 that way)."""
     names = [a.name for a in inputs]
     targets, _ = _halo.plans(chunks, depth, boundary, False)
     tasks = Tasks()

@@ -10,7 +10,6 @@ cluster spreads over its workers; every result equals SciPy's.
 from __future__ import annotations
 
 import collections
-import inspect
 
 import dask
 import dask.array as da
@@ -232,7 +231,6 @@ def test_gpu_workers_run_placed_blocks_in_group_tasks(monkeypatch, params, chunk
         for k, t in picks.items():  # its group, and its input block (Dask then queues no pick)
             assert {d[0] for d in t.dependencies} == {f"{z.name}-group", x.name}
             assert (x.name, *k[1:]) in t.dependencies
-            assert inspect.iscoroutinefunction(t.func)  # run on the worker's event loop
         assert -(-z.nbytes // cap) <= len(groups) < x.npartitions
         where = _graph.placement(x)
         for t in groups.values():  # a group reads the blocks of one worker, and batches
@@ -291,11 +289,8 @@ def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, s
             assert len(picks) == mask.npartitions
             for k, t in picks.items():
                 assert t.dependencies == {(f"{labels.name}-merge",), (placed_by, *k[1:])}
-                assert inspect.iscoroutinefunction(t.func)
         else:
             assert len(parts) == len(relabels) >= workers
-            assert all(inspect.iscoroutinefunction(t.func) for k, t in graph.items()
-                       if k[0] == labels.name)
         needed, todo = set(), [k for k in graph if k[0] == labels.name]
         while todo:  # the keys the labels need: the graph culled as Dask optimises it
             key = todo.pop()
