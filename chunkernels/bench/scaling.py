@@ -238,11 +238,11 @@ def _measure(client, gpu, x, label, build, reference, check, repeat) -> dict:
 
     z = once()  # also the warm-up: kernels compile, modules load
     keys = _keys(z)
-    try:
-        _check(label, z, x, reference, check)
-    finally:
-        del z  # the last reference: its results are released, then forgotten
-        _forget(client, keys)
+    # a failed check raises as it is: its traceback holds the result, which would never be
+    # forgotten (the wait below would time out instead of saying what differed)
+    _check(label, z, x, reference, check)
+    del z  # the last reference: its results are released, then forgotten
+    _forget(client, keys)
     starts = client.run(_memory_start, gpu)
     keys = _keys(once())
     ends = client.run(_memory_end, gpu)
