@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -222,6 +223,15 @@ class Tasks:
         self.graph[key] = Task(key, fn, *args, **kwargs)
         return self.ref(key)
 
+    def add_on_loop(self, key, fn: Callable, *args):
+        """A task of coroutine function ``fn`` under ``key``, for graphs only a distributed
+        cluster runs: a worker runs it on its event loop, and Dask's optimisation never fuses it
+        into another task (:func:`_on_loop_class`); returns a reference to it."""
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"add_on_loop takes a coroutine function; {fn!r} is not one")
+        self.graph[key] = _on_loop_class()(key, fn, *args)
+        return self.ref(key)
+
     @staticmethod
     def ref(key):
         """The result of the task ``key`` (of this layer or another), as an argument."""
@@ -270,6 +280,40 @@ class Tasks:
     def array(self, name: str, chunks, dtype, meta):
         """The Dask array whose blocks are this layer's tasks ``(name, *index)``."""
         return _array(self.graph, name, chunks, dtype, meta, self.dependencies)
+
+
+@functools.cache
+def _on_loop_class():
+    """The task class of :meth:`Tasks.add_on_loop`, made on first use (it derives from Dask's
+    ``Task``, and importing chunkernels imports no Dask) and pickled by reference as
+    ``chunkernels._graph.OnLoop`` (the module's ``__getattr__``).
+
+    distributed runs a task whose function is a coroutine function on the worker's event loop,
+    without handing it to the worker's thread and back: for a trivial task (picking one block of
+    a group task's results) that hand-over is about half of what the task costs the worker.
+    Dask's graph optimisation must not fuse such a task into another, though: a fused task runs
+    in the thread and calls each function it holds as a plain one, and a coroutine function
+    called so returns a coroutine, not its result. Dask's tasks say whether they may be fused
+    (``block_fusion``, which distributed's own P2P barrier tasks set); these never are."""
+    from dask.task_spec import Task
+
+    class OnLoop(Task):
+        """A task of a coroutine function that Dask never fuses into another."""
+
+        __slots__ = ()
+
+        @property
+        def block_fusion(self) -> bool:
+            return True
+
+    OnLoop.__module__, OnLoop.__qualname__ = __name__, "OnLoop"
+    return OnLoop
+
+
+def __getattr__(name: str):
+    if name == "OnLoop":  # how pickle finds the class of a task on the loop
+        return _on_loop_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _array(layer, name, chunks, dtype, meta, dependencies):
@@ -861,8 +905,10 @@ def _group_tasks(tasks, name, keys, chunks, itemsize, *, limit, group,
     """Group tasks over the output ``keys`` (in order), each made by ``group(key, where,
     members)`` for at most ``limit`` bytes of output (:func:`byte_runs`; ``where``: the blocks
     it computes, for its errors), and per output key a task picking its result;
-    ``pick_inputs(key)``: the references a pick task also takes, as dependencies only
-    (:func:`_placed_graph`)."""
+    ``pick_inputs(key)``: the references a pick task also takes, as dependencies only, on a
+    cluster (:func:`_placed_graph`), where the picks are coroutines
+    (:func:`_halo.picked_on_worker`)."""
+    on_loop = pick_inputs is not None
     for members in byte_runs([k[1:] for k in keys], chunks, itemsize, limit):
         members = [(name, *index) for index in members]
         key = (f"{name}-group", len(tasks.graph))
@@ -870,8 +916,10 @@ def _group_tasks(tasks, name, keys, chunks, itemsize, *, limit, group,
                  else tuple(members[0][1:]))
         ref = group(key, where, members)
         for position, k in enumerate(members):
-            tasks.add(k, _halo.picked, ref, position,
-                      *(() if pick_inputs is None else pick_inputs(k)))
+            if on_loop:
+                tasks.add_on_loop(k, _halo.picked_on_worker, ref, position, *pick_inputs(k))
+            else:
+                tasks.add(k, _halo.picked, ref, position)
 
 
 def byte_runs(indices, chunks, itemsize: int, limit: int) -> list[list[tuple]]:
@@ -914,7 +962,9 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
     to build, send and unpack than the GPUs took to run it). A pick task also takes its block's
     inputs: Dask's scheduler counts a task group whose dependencies hold fewer than 5 tasks in
     all as "root-ish" and hands a worker one at a time, a round trip each (64 picks of 4 groups
-    took 200 ms on one H100 that way)."""
+    took 200 ms on one H100 that way). The picks are coroutines
+    (:func:`_halo.picked_on_worker`), which a worker runs on its event loop: this graph reads
+    the cluster's futures, so only a distributed scheduler runs it."""
     names = [a.name for a in inputs]
     targets, _ = _halo.plans(chunks, depth, boundary, False)
     tasks = Tasks()

@@ -169,6 +169,16 @@ def picked(results, position, *dependencies):
     return results[position]
 
 
+async def picked_on_worker(results, position, *dependencies):
+    """:func:`picked` as a coroutine, for graphs only a distributed cluster runs (their inputs
+    live on its workers; :meth:`chunkernels._graph.Tasks.add_on_loop`). A worker runs a
+    coroutine task on its event loop as soon as its inputs are there, without handing it to its
+    thread and back: that hand-over is about half of what a trivial task costs a worker (0.70
+    against 0.36 ms a pick on a CPU worker, 1.04 against 0.66 ms on a GPU worker of a
+    LocalCUDACluster), and a GPU worker runs one pick per block of the graph."""
+    return results[position]
+
+
 @functools.lru_cache(maxsize=16)  # a plan holds a few tuples per block: keep the last few
 def plans(chunks, depth, boundary, lazy):
     """Per block index of a grid of ``chunks``, its gather plan and placements (or None for an

@@ -10,6 +10,7 @@ cluster spreads over its workers; every result equals SciPy's.
 from __future__ import annotations
 
 import collections
+import inspect
 
 import dask
 import dask.array as da
@@ -231,6 +232,7 @@ def test_gpu_workers_run_placed_blocks_in_group_tasks(monkeypatch, params, chunk
         for k, t in picks.items():  # its group, and its input block (Dask then queues no pick)
             assert {d[0] for d in t.dependencies} == {f"{z.name}-group", x.name}
             assert (x.name, *k[1:]) in t.dependencies
+            assert inspect.iscoroutinefunction(t.func)  # run on the worker's event loop
         assert -(-z.nbytes // cap) <= len(groups) < x.npartitions
         where = _graph.placement(x)
         for t in groups.values():  # a group reads the blocks of one worker, and batches
@@ -241,6 +243,11 @@ def test_gpu_workers_run_placed_blocks_in_group_tasks(monkeypatch, params, chunk
                       if any(f"{z.name}-batch" in str(d) for d in t.dependencies)]
             assert border and len(border) < len(groups)
         np.testing.assert_allclose(z.compute(), want, rtol=1e-12, atol=1e-12)
+        # a slice of the result in the same graph: Dask's optimisation would fuse a pick into
+        # the slice's task, which would call the coroutine as a plain function
+        view = (slice(1, None, 2), slice(None, None, -1))
+        np.testing.assert_allclose((z[view] * 2).compute(), want[view] * 2, rtol=1e-12,
+                                   atol=1e-12)
 
 
 @pytest.mark.parametrize("chunks, shape, structure, workers, mask_of", [
@@ -289,8 +296,11 @@ def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, s
             assert len(picks) == mask.npartitions
             for k, t in picks.items():
                 assert t.dependencies == {(f"{labels.name}-merge",), (placed_by, *k[1:])}
+                assert inspect.iscoroutinefunction(t.func)
         else:
             assert len(parts) == len(relabels) >= workers
+            assert all(inspect.iscoroutinefunction(t.func) for k, t in graph.items()
+                       if k[0] == labels.name)
         needed, todo = set(), [k for k in graph if k[0] == labels.name]
         while todo:  # the keys the labels need: the graph culled as Dask optimises it
             key = todo.pop()
@@ -302,6 +312,7 @@ def test_gpu_workers_label_placed_blocks_in_worker_groups(monkeypatch, chunks, s
             assert len(parts) >= -(-mask.npartitions // 3)
         for t in relabels.values():  # its part, and one summary per group
             assert sum(d[0] == f"{labels.name}-summaries" for d in t.dependencies) == len(parts)
+        np.testing.assert_array_equal(labels[::2].compute(), want[::2])  # picks not fused
         labels, n = client.persist([labels, n])
         np.testing.assert_array_equal(labels.compute(), want)
         assert int(n.compute()) == want_n
@@ -476,3 +487,36 @@ def test_filter_label_and_pipeline_over_gpu_workers(protocol):
         want_labels, want_n = ndi.label(x_np < 0.4)
         assert int(count) == want_n
         assert_close(labels, want_labels.astype(labels.dtype))
+
+
+# -- tasks run on a worker's event loop ------------------------------------------------------
+
+
+async def _first(values, *dependencies):
+    return values[0]
+
+
+def test_a_task_on_the_loop_is_never_fused_and_takes_only_coroutines():
+    """A coroutine task (run on a distributed worker's event loop) stays a task of its own
+    through Dask's optimisation: fused into the task of a slice of it, it would be called as a
+    plain function and return a coroutine."""
+    import pickle
+
+    import dask
+    import dask.array as da
+
+    tasks = _graph.Tasks()
+    tasks.add(("g", 0), list, [np.arange(4.0), np.arange(4.0)])
+    for i in range(2):
+        tasks.add_on_loop(("picks", i), _first, tasks.ref(("g", 0)))
+    with pytest.raises(TypeError, match="coroutine function"):
+        tasks.add_on_loop(("picks", 2), len, tasks.ref(("g", 0)))
+    assert len(tasks.graph) == 3  # the refused task was not added
+    a = tasks.array("picks", ((4, 4),), np.float64, np.empty(0))
+    (sliced,) = dask.optimize(a[1:6] * 2)
+    graph = dict(sliced.__dask_graph__())
+    for i in range(2):
+        task = graph[("picks", i)]
+        assert task.block_fusion and task.is_coro
+        again = pickle.loads(pickle.dumps(task))  # as a scheduler and a worker get it
+        assert type(again) is type(task) and again.is_coro and again.block_fusion

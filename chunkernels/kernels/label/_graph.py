@@ -299,6 +299,12 @@ def _pick(labelled, b, *dependencies):
     return labelled[0][b]
 
 
+async def _pick_on_worker(labelled, b, *dependencies):
+    """:func:`_pick` as a coroutine, for the cluster's shapes (see
+    :func:`chunkernels._halo.picked_on_worker`)."""
+    return labelled[0][b]
+
+
 def _count_labelled(labelled, blocks):
     """The number of labels from the result of :func:`_label_blocks`. ``blocks`` (the chunks'
     labels, unused) make the scheduler run it after every pick: reading the number waits for
@@ -407,16 +413,19 @@ def _tasks(name, source, numblocks, merge_plan, local, dtype, shape, groups=None
             relabelled = tasks.add((f"{name}-relabel", g), _relabel_part, name, merge_plan,
                                    order, g, dtype, part, *summaries)
             for position, index in enumerate(members):  # the block too: see _graph._group_tasks
-                tasks.add((name, *index), _halo.picked, relabelled, position,
-                          source.where(index))
+                tasks.add_on_loop((name, *index), _halo.picked_on_worker, relabelled,
+                                  position, source.where(index))
         return tasks.graph
     if shape in ("one task", "one task, placed"):
         merged = tasks.add(merge_key, _label_blocks, merge_plan, local, dtype,
                            tasks.items(source.arg(index) for index in indices))
         for b, index in enumerate(indices):
             # on a cluster the block too: see chunkernels._graph._group_tasks
-            tasks.add((name, *index), _pick, merged, b,
-                      *([source.where(index)] if shape == "one task, placed" else []))
+            if shape == "one task, placed":
+                tasks.add_on_loop((name, *index), _pick_on_worker, merged, b,
+                                  source.where(index))
+            else:
+                tasks.add((name, *index), _pick, merged, b)
         return tasks.graph
     locals_ = [tasks.add((f"{name}-local", *index), local, source.arg(index))
                for index in indices]
