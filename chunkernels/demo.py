@@ -312,8 +312,10 @@ def warm_up(client, chunk=None, size=None) -> None:
     :data:`WARM_UP_SIZE_MAX` wide, so in smaller blocks): a worker's steps that join the pieces
     of many blocks take other code past a few of them (CuPy's ``concatenate`` of more than 8
     arrays launches a kernel of its own, compiled on first use: on one H100 the first 32768²
-    run in 8x8 blocks compiled four, 400 ms, after a warm-up of 2x2). Without ``chunk``, the
-    sky is :data:`WARM_UP_SIZE` pixels wide."""
+    run in 8x8 blocks compiled four, 400 ms, after a warm-up of 2x2). On several workers the
+    clipping runs once more with its passes batched and once without
+    (:func:`chunkernels.sources._clip_cluster.fusing`): each call takes one of the two by its
+    first trip's time. Without ``chunk``, the sky is :data:`WARM_UP_SIZE` pixels wide."""
     from chunkernels.cluster import worker_count
     from chunkernels.sources import synthetic_sky
 
@@ -332,7 +334,14 @@ def warm_up(client, chunk=None, size=None) -> None:
             skies.append((grid * small, small))
     for size, chunk in skies:
         image, _ = synthetic_sky(size, chunks=chunk, seed=0, gpu=True)
-        _find(_place(image, client), client, lambda name: contextlib.nullcontext())
+        image = _place(image, client)
+        _find(image, client, lambda name: contextlib.nullcontext())
+        if workers > 1:  # the clipping's other path too (it batches passes or not per call)
+            from chunkernels.sources import _clip_cluster, kappa_sigma_clip
+
+            for fuse in (True, False):
+                with _clip_cluster.fusing(fuse):
+                    kappa_sigma_clip(image, KAPPA)
 
 
 def _find(image, client, steps) -> _Found:

@@ -482,6 +482,55 @@ def test_demo_warm_up_leaves_the_first_run_nothing_to_compile(monkeypatch):
     assert found.count > 0 and compiled == []
 
 
+@pytest.mark.multigpu
+def test_demo_warm_up_on_two_gpu_workers_readies_both_clipping_paths():
+    """On a cluster the clipping batches a round's passes or not, call by call, from its first
+    trip's time; after the warm-up neither path compiles on any worker (a first call that took
+    the path the warm-up had not took 466 ms against 49 later, on two H100s), and both give the
+    same result."""
+    pytest.importorskip("cupy")
+    pytest.importorskip("dask_cuda")
+    from chunkernels import cluster
+    from chunkernels.sources import _clip_cluster, kappa_sigma_clip
+
+    def count_compiles(reset):
+        import cupy.cuda.compiler as compiler
+
+        original = getattr(compiler, "_compile_module_with_cache", None)
+        if original is None:
+            return None
+        if not hasattr(compiler, "_test_compiled"):
+            compiler._test_compiled = []
+
+            def counted(*args, **kwargs):
+                compiler._test_compiled.append(1)
+                return original(*args, **kwargs)
+
+            compiler._compile_module_with_cache = counted
+        if reset:
+            compiler._test_compiled.clear()
+        return len(compiler._test_compiled)
+
+    with cluster.client(2, dashboard_address=None) as c:
+        if None in c.run(count_compiles, True).values():
+            pytest.skip("this CuPy has no cupy.cuda.compiler._compile_module_with_cache to count")
+        demo.warm_up(c, chunk=1024, size=2048)
+        c.run(count_compiles, True)
+        image, _ = synthetic_sky(2048, chunks=1024, seed=3, gpu=True)
+        image = demo._place(image, c)
+        results = {}
+        for fuse in (True, False, None):
+            with _clip_cluster.fusing(fuse):
+                results[fuse] = kappa_sigma_clip(image, demo.KAPPA)
+        compiled = c.run(count_compiles, False)
+    assert set(compiled.values()) == {0}, compiled
+    want = results[None]
+    for got in results.values():  # the same values kept; float64 sums in another order
+        assert (got.median, got.count, got.iterations) == (want.median, want.count,
+                                                           want.iterations)
+        assert got.std == pytest.approx(want.std, rel=1e-13)
+
+
 def test_demo_comparison_allows_pixels_within_float32_rounding_of_the_threshold():
     """A pixel between chunkernels' threshold and the lesson's (which differ by float32
     rounding) segments differently; the labels are then checked against SciPy's labels of

@@ -37,6 +37,7 @@ and drops them when the call ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import sys
 import threading
@@ -332,6 +333,8 @@ async def _clip_async(client, holders, services, keys, first_key, dtype, kappa, 
         def fuse():
             if order is not None:
                 return True
+            if FUSE is not None:
+                return FUSE
             return worth_fusing(first_trip.get("trip"), first_trip.get("pass"))
 
         steps = clip_steps(dtype, kappa, max_iters, nbins, first, fuse=fuse)
@@ -421,6 +424,27 @@ def _kept_digits(head, centers, first) -> bool:
     if not finite:
         return True  # the loop rescales overflowed sums with passes of its own
     return all((float(c) - float(first)) ** 2 <= 1024 * std * std for c in centers)
+
+
+#: Whether the loop driven from the client batches a round's passes over CuPy blocks: None
+#: decides per call (:func:`worth_fusing`, from its first trip); True or False forces it
+#: (:func:`fusing`).
+FUSE: bool | None = None
+
+
+@contextlib.contextmanager
+def fusing(fuse: bool | None):
+    """Calls in this block batch passes (True), never do (False), or decide (None). The two
+    paths launch different passes (a batch's later passes, the tail's zones), and which one a
+    call takes depends on how long its first trip took: the demo's warm-up runs both, so that
+    neither compiles in a timed run (on two H100s a first call took 466 ms against 49 later,
+    once in two fresh clusters, after a warm-up whose calls had all taken the other path)."""
+    global FUSE
+    before, FUSE = FUSE, fuse
+    try:
+        yield
+    finally:
+        FUSE = before
 
 
 def worth_fusing(trip, pass_time) -> bool:

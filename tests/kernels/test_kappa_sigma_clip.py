@@ -1207,9 +1207,14 @@ def test_cluster_of_two_gpu_workers():
         holders = _holders_of(on_gpus)
         result = kappa_sigma_clip(on_gpus)
         again = kappa_sigma_clip(on_gpus)  # the actors say where the blocks are
+        paths = {}
+        for fuse in (True, False):  # a round's passes batched, or a trip each
+            with _clip_cluster.fusing(fuse):
+                paths[fuse] = kappa_sigma_clip(on_gpus)
         huge = kappa_sigma_clip(_on(c, da.from_array(cp.asarray(HUGE), chunks=1, asarray=False)))
     assert len(holders) == 2
     assert _same_but_float_noise(result, clip_reference(x))
     assert _same_values(again, result)
+    assert _same_values(paths[True], result) and _same_values(paths[False], result)
     expect_lesson(result, x)
     assert huge.count == 3 and huge.std == pytest.approx(HUGE_STD, rel=1e-14)
