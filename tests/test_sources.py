@@ -485,9 +485,9 @@ def test_demo_warm_up_leaves_the_first_run_nothing_to_compile(monkeypatch):
 @pytest.mark.multigpu
 def test_demo_warm_up_on_two_gpu_workers_readies_both_clipping_paths():
     """On a cluster the clipping batches a round's passes or not, call by call, from its first
-    trip's time; after the warm-up neither path compiles on any worker (a first call that took
-    the path the warm-up had not took 466 ms against 49 later, on two H100s), and both give the
-    same result."""
+    trip's time; after the warm-up neither path compiles on any worker (after a warm-up of one
+    call, a first call took 466 ms against 49 later, on two H100s), and both give the same
+    result."""
     pytest.importorskip("cupy")
     pytest.importorskip("dask_cuda")
     from chunkernels import cluster

@@ -437,8 +437,9 @@ def fusing(fuse: bool | None):
     """Calls in this block batch passes (True), never do (False), or decide (None). The two
     paths launch different passes (a batch's later passes, the tail's zones), and which one a
     call takes depends on how long its first trip took: the demo's warm-up runs both, so that
-    neither compiles in a timed run (on two H100s a first call took 466 ms against 49 later,
-    once in two fresh clusters, after a warm-up whose calls had all taken the other path)."""
+    neither compiles in a timed run (after a warm-up of one call, on two H100s, a first call
+    took 466 ms against 49 later in one of two fresh clusters; after one of both paths, 38–50
+    ms in three)."""
     global FUSE
     before, FUSE = FUSE, fuse
     try:
