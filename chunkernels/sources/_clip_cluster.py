@@ -434,7 +434,8 @@ FUSE: bool | None = None
 
 @contextlib.contextmanager
 def fusing(fuse: bool | None):
-    """Calls in this block batch passes (True), never do (False), or decide (None). The two
+    """Calls in this block batch passes (True), never do (False), or decide (None): for the
+    whole process, not per thread (a warm-up's setting, not a per-call option). The two
     paths launch different passes (a batch's later passes, the tail's zones), and which one a
     call takes depends on how long its first trip took: the demo's warm-up runs both, so that
     neither compiles in a timed run (after a warm-up of one call, on two H100s, a first call
