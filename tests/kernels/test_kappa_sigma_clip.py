@@ -1218,3 +1218,18 @@ def test_cluster_of_two_gpu_workers():
     assert _same_values(paths[True], result) and _same_values(paths[False], result)
     expect_lesson(result, x)
     assert huge.count == 3 and huge.std == pytest.approx(HUGE_STD, rel=1e-14)
+
+
+def test_fusing_forces_the_cluster_loops_choice_and_restores_it():
+    """``_clip_cluster.fusing`` forces the client-driven loop to batch passes or not (the demo's
+    warm-up runs both paths), nests, and puts back what was there, also on an error."""
+    from chunkernels.sources import _clip_cluster
+
+    assert _clip_cluster.FUSE is None  # by default each call decides (worth_fusing)
+    with _clip_cluster.fusing(True):
+        assert _clip_cluster.FUSE is True
+        with pytest.raises(RuntimeError), _clip_cluster.fusing(False):
+            assert _clip_cluster.FUSE is False
+            raise RuntimeError
+        assert _clip_cluster.FUSE is True
+    assert _clip_cluster.FUSE is None
