@@ -317,7 +317,7 @@ def warm_up(client, chunk=None, size=None) -> None:
     (:func:`chunkernels.sources._clip_cluster.fusing`): each call takes one of the two by its
     first trip's time. Without ``chunk``, the sky is :data:`WARM_UP_SIZE` pixels wide."""
     from chunkernels.cluster import worker_count
-    from chunkernels.sources import synthetic_sky
+    from chunkernels.sources import _clip_cluster, kappa_sigma_clip, synthetic_sky
 
     workers = 1 if client is None else max(1, worker_count(client))
     side = math.isqrt(workers - 1) + 1  # blocks per axis: at least one block per worker,
@@ -337,8 +337,6 @@ def warm_up(client, chunk=None, size=None) -> None:
         image = _place(image, client)
         _find(image, client, lambda name: contextlib.nullcontext())
         if workers > 1:  # the clipping's other path too (it batches passes or not per call)
-            from chunkernels.sources import _clip_cluster, kappa_sigma_clip
-
             for fuse in (True, False):
                 with _clip_cluster.fusing(fuse):
                     kappa_sigma_clip(image, KAPPA)
