@@ -509,10 +509,18 @@ def test_capacity_on_cpu_workers(tmp_path, capsys):
     assert rows[0]["count"] == rows[1]["count"] > 0
     assert rows[0]["checksums"] == rows[1]["checksums"]
     assert rows[1]["blocks_per_worker"] == [8, 8]
-    assert all(r["peak_above_start"] > 0 and r["bound"] > 0 for r in rows)
     assert set(rows[0]["steps"]) == {"make", "filter", "label"}
+    # 160² elements: SciPy's int32 labels; each step's bound is its share of its output and
+    # four of its chunks (the filter's with their halo)
+    assert report["label_dtype"] == "int32"
+    for r in rows:
+        share = 160 * 160 * 4 / r["workers"]
+        assert r["memory"]["filter"]["bound"] == share + 4 * report["chunk_halo_bytes"]
+        assert r["memory"]["label"]["bound"] == share + 4 * 48 * 48 * 4
+        assert all(r["memory"][s]["peak_above_start"] > 0 for s in ("filter", "label"))
     md = (tmp_path / "capacity.md").read_text()
     assert "| 2 CPU workers | completed | 8 / 8 |" in md
+    assert "| filter: peak, bound | label: peak, bound |" in md
 
 
 def test_capacity_reports_a_step_that_does_not_finish(monkeypatch):

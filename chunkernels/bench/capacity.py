@@ -12,10 +12,12 @@ may it hang: every step waits at most ``--timeout`` seconds (default 600), then 
 reported as not finished and its work cancelled.
 
 Per cluster the report gives what happened (completed, the error's first line, or the timeout),
-the time of each step, the peak device memory of each worker above what it held before
-(CuPy's pool, where CuPy allocates from it) next to its share of the input and output plus four
-chunks with their halo (the bound the issue sets), and the host memory each worker holds after
-the filter (where results spilled). The labels of every cluster that completed must agree (their
+the time of each step, and for each step the busiest worker's peak device memory above what it
+held as the step began (its input: CuPy's pool, where CuPy allocates from it) next to the bound
+the issue sets, less that input: the worker's share of the step's output plus four of the step's
+chunks (the filter's float32 chunks with their halo; the label's chunks of labels, whose dtype
+is SciPy's, int64 from 2**31 elements on, twice the filtered array's bytes). It also gives the
+host memory each worker holds after the filter (where results spilled). The labels of every cluster that completed must agree (their
 count and per-block checksums); the filter is checked against SciPy on windows across chunk
 corners before anything is timed.
 """
@@ -28,6 +30,7 @@ import numpy as np
 
 from chunkernels import bench, cluster, ndimage
 from chunkernels.bench import scaling
+from chunkernels.kernels.label import default_dtype
 
 NEEDS_GPU = False
 CLUSTER = True
@@ -44,6 +47,7 @@ def run(args) -> dict:
     timeout = float(getattr(args, "timeout", None) or TIMEOUT)
     depth = scaling._halo(len(shape))
     unit = scaling._nbytes(tuple(c + 2 * d for c, d in zip(chunks, depth)))
+    label_dtype = default_dtype(int(np.prod(shape, dtype=np.int64)))
     rows, clusters = [], []
     sweep = bench.sweep(args)
     with bench.Progress(len(sweep), "capacity") as progress:
@@ -53,21 +57,23 @@ def run(args) -> dict:
                              "devices": cluster.gpu_names(client) if gpu else []})
             with progress.run(f"{workers} {kind} worker(s)"):
                 rows.append({"kind": kind, "workers": workers,
-                             **_attempt(client, gpu, shape, chunks, timeout, unit)})
+                             **_attempt(client, gpu, shape, chunks, timeout, unit,
+                                        label_dtype)})
     _agree(rows)
     report = {"benchmark": "capacity", "shape": list(shape), "chunks": list(chunks),
               "dtype": scaling.DTYPE.name, "nbytes": scaling._nbytes(shape), "sigma": scaling.SIGMA,
-              "threshold": THRESHOLD, "chunk_halo_bytes": unit, "timeout_s": timeout,
+              "threshold": THRESHOLD, "chunk_halo_bytes": unit,
+              "label_dtype": label_dtype.name, "timeout_s": timeout,
               "environment": bench.environment(), "clusters": clusters, "rows": rows}
     report["markdown"] = markdown(report)
     return report
 
 
-def _attempt(client, gpu, shape, chunks, timeout, unit) -> dict:
+def _attempt(client, gpu, shape, chunks, timeout, unit, label_dtype) -> dict:
     """Make, filter and label on this cluster; what happened, each step's time and memory."""
     from distributed import futures_of, wait
 
-    out: dict = {"steps": {}}
+    out: dict = {"steps": {}, "memory": {}}
     pending: list = []  # what a timeout cancels
     step = "make"
     try:
@@ -75,6 +81,7 @@ def _attempt(client, gpu, shape, chunks, timeout, unit) -> dict:
         x = scaling._input(client, shape, chunks, gpu)
         out["steps"]["make"] = time.perf_counter() - start
         out["blocks_per_worker"] = sorted(cluster.blocks_per_worker(x).values())
+        workers = max(1, len(out["blocks_per_worker"]))
         starts = client.run(scaling._memory_start, gpu)
 
         step = "filter"
@@ -84,6 +91,8 @@ def _attempt(client, gpu, shape, chunks, timeout, unit) -> dict:
         wait(smooth, timeout=timeout)
         client.run(scaling._synchronize)
         out["steps"]["filter"] = time.perf_counter() - start
+        out["memory"]["filter"] = _step_memory(
+            client, gpu, starts, scaling._nbytes(shape) / workers + 4 * unit)
         scaling._check("capacity", smooth, x, scaling.implementations(
             scaling.HALO_PIPELINE)[scaling.CHUNKERNELS][1], "array")
         out["host_bytes_after_filter"] = sorted(client.run(_host_bytes).values())
@@ -95,20 +104,21 @@ def _attempt(client, gpu, shape, chunks, timeout, unit) -> dict:
         _released(client, held)
 
         step = "label"
+        starts = client.run(scaling._memory_start, gpu)
         start = time.perf_counter()
         labels, count = client.persist(list(ndimage.label(smooth > THRESHOLD)))
         pending += [labels, count]
         wait([labels, count], timeout=timeout)
         client.run(scaling._synchronize)
         out["steps"]["label"] = time.perf_counter() - start
+        label_bytes = label_dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+        label_chunk = label_dtype.itemsize * int(np.prod(chunks, dtype=np.int64))
+        out["memory"]["label"] = _step_memory(client, gpu, starts,
+                                              label_bytes / workers + 4 * label_chunk)
         out["count"] = int(count.compute())
         sums = labels.map_blocks(scaling._block_checksum, dtype=np.int64, chunks=(1, 2),
                                  meta=np.empty((0, 0), np.int64))
         out["checksums"] = np.asarray(sums.compute()).tolist()
-        memory = scaling._memory(starts, client.run(scaling._memory_end, gpu))
-        out["peak_above_start"] = None if memory is None else memory["peak_above_start"]
-        share = 2 * scaling._nbytes(shape) / max(1, len(out["blocks_per_worker"]))
-        out["bound"] = share + 4 * unit  # its share of input and output, plus 4 chunks + halo
         out["outcome"] = "completed"
     except TimeoutError:
         client.cancel(futures_of(pending))
@@ -118,6 +128,15 @@ def _attempt(client, gpu, shape, chunks, timeout, unit) -> dict:
         client.cancel(futures_of(pending))
         out["outcome"] = f"{step}: {type(exc).__name__}: {(str(exc) or '-').splitlines()[0]}"
     return out
+
+
+def _step_memory(client, gpu, starts, bound) -> dict:
+    """The busiest worker's peak above what it held as the step began (``starts``; None where
+    not measurable), and the step's ``bound`` above the same: its share of the step's output
+    plus four of its chunks."""
+    memory = scaling._memory(starts, client.run(scaling._memory_end, gpu))
+    return {"peak_above_start": None if memory is None else memory["peak_above_start"],
+            "bound": bound}
 
 
 def _released(client, keys, timeout: float = 30.0) -> None:
@@ -154,23 +173,35 @@ def markdown(r) -> str:
              f"({env['date'][:10]})", "",
              f"Made on the workers and placed in tiles, `gaussian_filter` σ={r['sigma']:g} "
              f"persisted, then `label(filtered > {r['threshold']:g})` persisted; each step "
-             f"waits at most {r['timeout_s']:.0f} s. Peak: device memory of the busiest worker "
-             f"above what it held before (CuPy's pool); bound: its share of input and output "
-             f"plus 4 chunks with their halo ({format_bytes(r['chunk_halo_bytes'])} each).", "",
+             f"waits at most {r['timeout_s']:.0f} s. Memory, per step: the busiest worker's "
+             f"peak device memory above what it held as the step began (its input; CuPy's "
+             f"pool), against the bound less that input: its share of the step's output plus "
+             f"4 of the step's chunks (the filter's with their halo, "
+             f"{format_bytes(r['chunk_halo_bytes'])} each; the label's of "
+             f"{r.get('label_dtype', 'int64')} labels).", "",
              "| workers | outcome | blocks per worker | make (s) | filter (s) | label (s) | labels "
-             "| peak | bound | host memory after the filter |",
+             "| filter: peak, bound | label: peak, bound | host memory after the filter |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in r["rows"]:
         steps = row["steps"]
-        peak = row.get("peak_above_start")
         lines.append(
             f"| {scaling._where(row)} | {row['outcome']} | "
             f"{' / '.join(map(str, row.get('blocks_per_worker', [])))} | "
             + " | ".join(f"{steps[s]:.2f}" if s in steps else "-"
                          for s in ("make", "filter", "label"))
-            + f" | {row.get('count', '-')} | {'-' if peak is None else format_bytes(peak)} | "
-            f"{format_bytes(row['bound']) if 'bound' in row else '-'} | "
-            f"{', '.join(map(format_bytes, row.get('host_bytes_after_filter', []))) or '-'} |")
+            + f" | {row.get('count', '-')} | "
+            + " | ".join(_peak_cell(row.get("memory", {}).get(s)) for s in ("filter", "label"))
+            + f" | {', '.join(map(format_bytes, row.get('host_bytes_after_filter', []))) or '-'} |")
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
     lines += ["", f"Versions: {versions}."]
     return "\n".join(lines)
+
+
+def _peak_cell(memory) -> str:
+    """``peak, bound`` of one step (``-`` where not measured), marked where over the bound."""
+    from dask.utils import format_bytes
+
+    if not memory or memory.get("peak_above_start") is None:
+        return "-"
+    peak, bound = memory["peak_above_start"], memory["bound"]
+    return f"{format_bytes(peak)}, {format_bytes(bound)}{'' if peak <= bound else ' (over)'}"
