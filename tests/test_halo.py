@@ -361,6 +361,28 @@ def test_strips_between_workers_travel_as_one_host_buffer():
     assert part[2].shape == (0, 5)
 
 
+def test_group_results_are_no_sequence_dask_cuda_would_spill():
+    """A group task's results on a cluster: indexed, counted and iterated as a list, pickled
+    with their values, but neither a list nor a tuple (dask-cuda spills those when they hold
+    device arrays, which its picks also hold: a copy to the host that frees nothing) and small
+    to Dask's ``sizeof`` (the arrays count once, as the picks' results)."""
+    import pickle
+
+    from dask.sizeof import sizeof
+
+    blocks = [np.full((256, 256), i, np.float32) for i in range(3)]
+    group = _halo.GroupResults(blocks)
+    assert not isinstance(group, (list, tuple, set, frozenset, dict))
+    assert not hasattr(group, "__cuda_array_interface__")
+    assert len(group) == 3 and group[2] is blocks[2] and list(group) == blocks
+    assert sizeof(group) < 1024 < blocks[0].nbytes
+    again = pickle.loads(pickle.dumps(group))
+    assert isinstance(again, _halo.GroupResults)
+    for got, want in zip(again, blocks):
+        np.testing.assert_array_equal(got, want)
+    assert _halo.picked(group, 1) is blocks[1]
+
+
 @pytest.mark.gpu
 def test_gpu_strips_are_cut_to_the_host_and_uploaded_once():
     import pickle

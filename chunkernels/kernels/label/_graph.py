@@ -209,7 +209,8 @@ def _label_blocks(plan: _MergePlan, local, dtype, blocks):
     results, batches = local.many(blocks)
     merged = _merge_task(plan, results)
     number = _HostNumber(merged.total) if isinstance(merged, _DeviceNumbering) else merged[1]
-    return _relabelled(results, batches, merged, range(len(blocks)), dtype), merged, number
+    return (_halo.GroupResults(_relabelled(results, batches, merged, range(len(blocks)), dtype)),
+            merged, number)
 
 
 def _relabelled(results, batches, merged, numbers, dtype) -> list:
@@ -566,12 +567,13 @@ def _merged_of_parts(name, plan, order, *summaries):
 
 
 @_naming_the_fix
-def _relabel_part(name, plan, order, g, dtype, part: _Part, *summaries) -> list:
+def _relabel_part(name, plan, order, g, dtype, part: _Part, *summaries) -> _halo.GroupResults:
     """Step 3 on group ``g``'s blocks, with the merge made on this worker (:func:`_relabelled`;
-    the part's forests are spent: relabelled in place)."""
+    the part's forests are spent: relabelled in place); a pick task per block takes its labels
+    (:class:`~chunkernels._halo.GroupResults`: dask-cuda does not spill them)."""
     merged = _merged_here(name, plan, _in_block_order(order, summaries))
     batches, part.batches = part.batches, []
-    return _relabelled(part.results, batches, merged, order[g], dtype)
+    return _halo.GroupResults(_relabelled(part.results, batches, merged, order[g], dtype))
 
 
 def _count_tasks(name, numblocks, shape) -> dict:
