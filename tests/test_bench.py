@@ -538,6 +538,28 @@ def test_capacity_reports_a_step_that_does_not_finish(monkeypatch):
     assert report["rows"][0]["outcome"] == "make: did not finish in 1 s (cancelled)"
 
 
+def _fails_on_the_last_block(block, block_info=None):
+    if block_info[0]["chunk-location"] == tuple(n - 1 for n in block_info[0]["num-chunks"]):
+        raise MemoryError("out of memory on the last block")
+    return block
+
+
+def test_capacity_reports_a_step_with_a_failed_block_as_failed(monkeypatch):
+    """``distributed.wait`` returns once every block is done, failed or not: a step with a
+    failed block is reported by its error, not timed as if it completed."""
+    import argparse
+
+    from chunkernels.bench import capacity
+
+    monkeypatch.setattr(capacity.ndimage, "gaussian_filter",
+                        lambda x, sigma: x.map_blocks(_fails_on_the_last_block, dtype=x.dtype))
+    args = argparse.Namespace(size="96", chunks=["48"], timeout=60.0, workers=[2], gpus=None,
+                              scheduler=None)
+    (row,) = capacity.run(args)["rows"]
+    assert row["outcome"] == "filter: MemoryError: out of memory on the last block"
+    assert "filter" not in row["steps"] and "make" in row["steps"]
+
+
 def test_labels_too_large_to_compare_whole_are_compared_with_scipy_by_block_checksums():
     import scipy.ndimage as ndi
 

@@ -89,6 +89,7 @@ def _attempt(client, gpu, shape, chunks, timeout, unit, label_dtype) -> dict:
         smooth = client.persist(ndimage.gaussian_filter(x, scaling.SIGMA))
         pending.append(smooth)
         wait(smooth, timeout=timeout)
+        _raise_failed(smooth)
         client.run(scaling._synchronize)
         out["steps"]["filter"] = time.perf_counter() - start
         out["memory"]["filter"] = _step_memory(
@@ -109,6 +110,7 @@ def _attempt(client, gpu, shape, chunks, timeout, unit, label_dtype) -> dict:
         labels, count = client.persist(list(ndimage.label(smooth > THRESHOLD)))
         pending += [labels, count]
         wait([labels, count], timeout=timeout)
+        _raise_failed([labels, count])
         client.run(scaling._synchronize)
         out["steps"]["label"] = time.perf_counter() - start
         label_bytes = label_dtype.itemsize * int(np.prod(shape, dtype=np.int64))
@@ -128,6 +130,17 @@ def _attempt(client, gpu, shape, chunks, timeout, unit, label_dtype) -> dict:
         client.cancel(futures_of(pending))
         out["outcome"] = f"{step}: {type(exc).__name__}: {(str(exc) or '-').splitlines()[0]}"
     return out
+
+
+def _raise_failed(collections) -> None:
+    """Raise the error of the first task of ``collections`` that failed: ``distributed.wait``
+    returns once every future is done, failed or not, and a step with a failed block did not
+    complete (its time is not reported)."""
+    from distributed import futures_of
+
+    for future in futures_of(collections):
+        if future.status == "error":
+            future.result()
 
 
 def _step_memory(client, gpu, starts, bound) -> dict:
