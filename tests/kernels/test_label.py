@@ -1181,9 +1181,20 @@ def test_a_label_group_task_out_of_device_memory_raises_gpu_out_of_memory_naming
         return task
 
     with pytest.raises(GPUOutOfMemoryError, match=r"label: the GPU ran out of memory "
-                       r"\(OutOfMemoryError: Out of memory allocating 512 bytes\)\. Use smaller "
-                       r"chunks, more GPUs, or an earlier spill"):
+                       r"\(OutOfMemoryError: Out of memory allocating 512 bytes\)\. Leave the "
+                       r"label more room: spill results to host memory earlier \(dask-cuda's "
+                       r"device_memory_limit, e\.g\. chunkernels\.cluster\.client\(gpus=4, "
+                       r"device_memory_limit=0\.6\)"):
         fails(cupy_oom("Out of memory allocating 512 bytes"))(np.zeros(3))
+    # a relabelling's arguments name the labels' dtype: int64 labels get the int32 advice
+    with pytest.raises(GPUOutOfMemoryError, match=r"The labels are int64 .* "
+                       r"label\(x, output=np\.int32\) halves their bytes"):
+        fails(cupy_oom("Out of memory"))("name", np.dtype(np.int64))
+    message = label_graph._out_of_memory_message(
+        "OutOfMemoryError: x", {"id": 2, "name": "NVIDIA H100", "free": 2**20, "total": 2**36},
+        np.dtype(np.int32))
+    assert "Device 2 (NVIDIA H100) has 1.00 MiB free of 64.00 GiB. Leave the label" in message
+    assert "int32" not in message and "  " not in message
     with pytest.raises(MemoryError) as info:
         fails(MemoryError("host"))(np.zeros(3))
     assert type(info.value) is MemoryError

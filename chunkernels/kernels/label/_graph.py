@@ -188,15 +188,50 @@ def _naming_the_fix(fn):
         from chunkernels._dispatch import out_of_memory_error
 
         blocks = [a for a in args if cuda.is_cupy_array(a)]
-        if not blocks:
-            raise GPUOutOfMemoryError(
-                f"label: the GPU ran out of memory ({failure}). Use smaller chunks, more GPUs, "
-                f"or an earlier spill to host memory (dask-cuda's device_memory_limit)")
+        if not blocks:  # the merge, a relabelling: the labels of many blocks at once
+            plan = next((a for a in args if isinstance(a, _MergePlan)), None)
+            dtype = next((a for a in args if isinstance(a, np.dtype)),
+                         None if plan is None else plan.dtype)
+            raise GPUOutOfMemoryError(_out_of_memory_message(failure, _current_device(), dtype))
         block = max(blocks, key=lambda b: b.nbytes)
         raise out_of_memory_error("label", block.shape, block.dtype, block.device,
                                   (0,) * block.ndim, failure)
 
     return task
+
+
+def _current_device():
+    """:func:`chunkernels._dispatch.device_memory` of the current CuPy device, None without
+    CuPy."""
+    from chunkernels._dispatch import device_memory
+
+    if cuda.gpu_count() == 0:
+        return None
+    return device_memory(cuda.cupy().cuda.Device())
+
+
+def _out_of_memory_message(failure: str, device, dtype) -> str:
+    """What :class:`GPUOutOfMemoryError` says when a label task that holds many blocks' labels
+    (the merge, a relabelling) runs out of device memory: ``device`` as
+    :func:`chunkernels._dispatch.device_memory` describes it (None: unknown), ``dtype`` the
+    labels' (None: unknown). Smaller chunks change little there: what fills the GPU is the
+    worker's share of the labels beside the arrays persisted on it."""
+    from dask.utils import format_bytes
+
+    held = "" if device is None else (
+        f" Device {device['id']} ({device['name']}) has {format_bytes(device['free'])} free "
+        f"of {format_bytes(device['total'])}.")
+    wide = ""
+    if dtype is not None and np.dtype(dtype).itemsize == 8:
+        wide = (f"The labels are {np.dtype(dtype)} (SciPy's dtype for arrays of 2**31 elements "
+                f"or more): label(x, output=np.int32) halves their bytes where fewer than 2**31 "
+                f"labels are expected. ")
+    return (f"label: the GPU ran out of memory ({failure}).{held} {wide}Leave the label more "
+            f"room: spill results "
+            f"to host memory earlier (dask-cuda's device_memory_limit, e.g. "
+            f"chunkernels.cluster.client(gpus=4, device_memory_limit=0.6), or dask cuda worker "
+            f"--device-memory-limit 0.6), label on more GPUs, or let go of the persisted arrays "
+            f"the label does not read (del x)")
 
 
 @_naming_the_fix
