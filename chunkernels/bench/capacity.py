@@ -17,7 +17,8 @@ held as the step began (its input: CuPy's pool, where CuPy allocates from it) ne
 the issue sets, less that input: the worker's share of the step's output plus four of the step's
 chunks (the filter's float32 chunks with their halo; the label's chunks of labels, whose dtype
 is SciPy's, int64 from 2**31 elements on, twice the filtered array's bytes). It also gives the
-host memory each worker holds after the filter (where results spilled). The labels of every cluster that completed must agree (their
+host memory each worker holds after the filter (where results spilled). A step with a failed
+block is reported by its error. The labels of every cluster that completed must agree (their
 count and per-block checksums); the filter is checked against SciPy on windows across chunk
 corners before anything is timed.
 """
