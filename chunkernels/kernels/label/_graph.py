@@ -227,11 +227,10 @@ def _out_of_memory_message(failure: str, device, dtype) -> str:
                 f"or more): label(x, output=np.int32) halves their bytes where fewer than 2**31 "
                 f"labels are expected. ")
     return (f"label: the GPU ran out of memory ({failure}).{held} {wide}Leave the label more "
-            f"room: spill results "
-            f"to host memory earlier (dask-cuda's device_memory_limit, e.g. "
-            f"chunkernels.cluster.client(gpus=4, device_memory_limit=0.6), or dask cuda worker "
-            f"--device-memory-limit 0.6), label on more GPUs, or let go of the persisted arrays "
-            f"the label does not read (del x)")
+            "room: spill results to host memory earlier (dask-cuda's device_memory_limit, e.g. "
+            "chunkernels.cluster.client(gpus=4, device_memory_limit=0.6), or dask cuda worker "
+            "--device-memory-limit 0.6), label on more GPUs, or let go of the persisted arrays "
+            "the label does not read (del x)")
 
 
 @_naming_the_fix
@@ -338,7 +337,7 @@ def _pick(labelled, b, *dependencies):
 async def _pick_on_worker(labelled, b, *dependencies):
     """:func:`_pick` as a coroutine, for the cluster's shapes (see
     :func:`chunkernels._halo.picked_on_worker`)."""
-    return labelled[0][b]
+    return _pick(labelled, b)
 
 
 def _count_labelled(labelled, blocks):
