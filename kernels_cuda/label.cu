@@ -736,7 +736,8 @@ __global__ void label_table(const I* __restrict__ ends, const long long lines,
 //
 // A node of rank r that is kept gets label r + 1 - (nodes merged away of smaller rank); one
 // merged away gets its root's label. Nothing is sorted: the host never waits, and the work
-// grows with the face pixels (and, for the bitmap, with the nodes there can be, a bit each).
+// grows with the face pixels (and, for the bitmap, with the nodes there can be, a bit each;
+// past merge_device's BITMAP_BYTES, with the nodes there are, which the host waits for).
 
 // The rank of label l of a block whose slots are ends[s0 .. s0 + lines); the scan (raster,
 // offsets, seg) gives every slot's labels up to its end in raster order over all blocks.

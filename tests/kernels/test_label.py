@@ -703,11 +703,15 @@ def test_joined_summaries_view_one_allocation_and_copy_several():
     ((13, 30, 21), (5, 8, 7), 3), ((200,), (30,), 1), ((6, 5, 7, 4), (2, 3, 3, 2), 4),
     ((40, 0, 9), (20, 3, 4), 1)])
 @pytest.mark.parametrize("dtype", ["int32", "bool", "float64"])
+@pytest.mark.parametrize("bitmap", ["bound", "count"])
 def test_device_merge_numbers_like_scipy_without_leaving_the_device(shape, chunks, connectivity,
-                                                                     dtype):
+                                                                     dtype, bitmap, monkeypatch):
     """Blocks labelled on one device merge there (merge_device): the graph's merge task takes
-    that path, and its tables give SciPy's labels and count."""
+    that path, and its tables give SciPy's labels and count, with the bitmap of nodes merged
+    away sized by the labels the blocks can have or (past BITMAP_BYTES) by those they have."""
     cp = pytest.importorskip("cupy")
+    if bitmap == "count":
+        monkeypatch.setattr(_device_merge, "BITMAP_BYTES", 0)
     x = np.random.default_rng(23).random(shape) < 0.5
     s = ndi.generate_binary_structure(len(shape), connectivity)
     want, n = ndi.label(x, s)
@@ -717,6 +721,9 @@ def test_device_merge_numbers_like_scipy_without_leaving_the_device(shape, chunk
     merged = label_graph._merge_task(_host_merge._MergePlan(x.shape, dx.chunks, s, np.dtype(dtype)), local)
     assert isinstance(merged, _device_merge._DeviceNumbering)
     assert int(label_graph._count(merged)) == n
+    nodes = sum(int(labels.max()) if labels.size else 0 for labels, _ in local)
+    if bitmap == "count":
+        assert merged.arrays["bits"].size == nodes // 32 + 1
     out = np.zeros(shape, dtype=dtype)
     for b, where in enumerate(da.core.slices_from_chunks(dx.chunks)):
         got = label_graph._relabel(local[b], merged, b, np.dtype(dtype))

@@ -32,16 +32,28 @@ def _table_device(ends, numbering, merged, labels, dtype):
     return table
 
 
+#: The most bytes the merge's bitmap of nodes merged away and the scan of its words' counts may
+#: take when sized by the labels the blocks can have (half their pixels, 4-connected); past it
+#: they are sized by the labels the blocks have, which the host then waits for (once). Sized by
+#: the bound, a 160000² image's took 4.5 GiB on each GPU worker (every worker makes the merge),
+#: for 7 million labels; by the labels there are, a few MiB.
+BITMAP_BYTES = 2**28
+_WORD_BYTES = 4 + 8  # a word of the bitmap and its count's scan (int64)
+
+
 def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     """:func:`merge` for summaries on one device, done there: nothing is copied to the host and
-    nothing waits for the device (unless the output dtype may be too small for the labels).
+    nothing waits for the device (unless the output dtype may be too small for the labels, or
+    the bitmap below would be large).
 
     The numbering is the same, reached another way (see section 8 of ``label.cu``): each node's
     rank comes from a scan of the per-line counts in raster order; the nodes on chunk faces go
     into a hash table keyed by rank (a node on several face pixels takes one slot) and are
     joined across the faces by a union-find whose roots are the smallest ranks; the nodes merged
     away set their bits in a bitmap over the ranks, whose scan then gives every label. The work
-    grows with the lines and the face pixels, and the bitmap with the labels there can be.
+    grows with the lines and the face pixels, and the bitmap with the labels there can be
+    (a bit and the scan's 8 bytes per 32 of them), or, where that would pass
+    :data:`BITMAP_BYTES`, with the labels the blocks have: the host waits for their count.
     """
     cp = cuda.cupy()
     values = _joined(summaries)
@@ -55,7 +67,10 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
     keys = cp.empty(launch.table, dtype=np.int64)
     keys.data.memset_async(0xFF, keys.nbytes)  # LABEL_EMPTY
     parent = cp.empty(launch.table, dtype=np.int64)
-    bits = cp.zeros(launch.words, dtype=np.uint32)
+    words = launch.words
+    if words * _WORD_BYTES > BITMAP_BYTES:  # sized by the nodes there are: one wait for them
+        words = int(raster.total) // 32 + 1
+    bits = cp.zeros(words, dtype=np.uint32)
     if launch.faces:
         at = cp.empty(launch.faces, dtype=np.int64)
         launch.face_nodes(launch.faces_grid, (_THREADS,),
@@ -64,7 +79,7 @@ def merge_device(plan: _MergePlan, summaries) -> _DeviceNumbering:
         for grid, low, high, dims, offsets in launch.unite:
             launch.face_unite(grid, (_THREADS,), (low, high, keys, at, parent, *dims, offsets))
         launch.face_roots(launch.roots_grid, (_THREADS,), (parent, keys, bits, launch.table_n))
-    away = _Scan(cp.empty(launch.words, dtype=np.int64), launch.popc, (bits,))
+    away = _Scan(cp.empty(words, dtype=np.int64), launch.popc, (bits,))
     total = raster.total - away.total
     if not launch.holds:
         check_bit_depth(int(total), plan.dtype)
