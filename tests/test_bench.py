@@ -351,15 +351,52 @@ def test_scaling_on_gpus(tmp_path, capsys):
         assert r["seconds"] > 0
         if r["impl"] == scaling.CHUNKERNELS:
             # A task needs its block with the halo and two passes' outputs, about 3 chunks; the
-            # measure (the high-water mark of CuPy's pool, cached blocks included) adds whatever
-            # the order of frees fragments and whatever results wait for the scheduler's word
-            # to free them: it moved between 2.2 and 13.2 chunks from run to run on one H100
-            # (and as much for the halo-free map_blocks run), and reached 18.3 of the 16 blocks
-            # once with seven other test processes loading the host. What must hold: finished
-            # tasks' intermediates are not all kept, so well under two arrays of blocks.
+            # measure (the most bytes in use in CuPy's pool at any allocation) adds whatever
+            # results wait for the scheduler's word to free them. Measured by the pool's total
+            # instead (cached blocks included) it moved between 2.2 and 13.2 chunks from run to
+            # run on one H100, and reached 18.3 of the 16 blocks once with seven other test
+            # processes loading the host. What must hold: finished tasks' intermediates are not
+            # all kept, so well under two arrays of blocks.
             chunk = unit["x".join(map(str, r["chunks"]))]
             assert 0 < r["memory"]["working"] < 2 * r["blocks"] * chunk, r
     assert (tmp_path / "scaling-throughput.png").read_bytes().startswith(PNG)
+
+
+def test_peak_allocator_keeps_the_most_bytes_in_use_not_the_pools_cache():
+    """The GPU memory measure: the pool's bytes in use after each allocation, at their most,
+    whatever the pool caches after frees."""
+
+    class Pool:  # CuPy's MemoryPool as the measure sees it
+        def __init__(self):
+            self.used, self.total = 100, 100
+
+        def used_bytes(self):
+            return self.used
+
+        def malloc(self, size):
+            self.used += size
+            self.total = max(self.total, self.used)
+            return size
+
+        def free(self, size):  # back to the pool's cache: its total stays
+            self.used -= size
+
+    pool = Pool()
+    peak = scaling._PeakAllocator(pool)
+    assert peak.peak == 100
+    for size in (50, 30):
+        assert peak.malloc(size) == size
+    pool.free(80)
+    assert peak.malloc(20) == 20 and pool.used == 120
+    assert peak.peak == 180
+    pool.free(20)
+    pool.malloc(500)  # outside the allocator (Numba through the pool): seen from the next one
+    assert peak.peak == 180
+    peak.malloc(10)
+    assert peak.peak == 610
+    pool.free(610)
+    peak.malloc(5)
+    assert peak.peak == 610 and pool.used == 5
 
 
 def test_dask_alone_runs_the_same_graph_with_no_task_doing_work():

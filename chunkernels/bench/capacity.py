@@ -13,7 +13,8 @@ reported as not finished and its work cancelled.
 
 Per cluster the report gives what happened (completed, the error's first line, or the timeout),
 the time of each step, and for each step the busiest worker's peak device memory above what it
-held as the step began (its input: CuPy's pool, where CuPy allocates from it) next to the bound
+held as the step began (its input; the blocks in use in CuPy's pool, where CuPy allocates from
+it, not those it caches) next to the bound
 the issue sets, less that input: the worker's share of the step's output plus four of the step's
 chunks (the filter's float32 chunks with their halo; the label's chunks of labels, whose dtype
 is SciPy's, int64 from 2**31 elements on, twice the filtered array's bytes). It also gives the
@@ -188,8 +189,9 @@ def markdown(r) -> str:
              f"Made on the workers and placed in tiles, `gaussian_filter` σ={r['sigma']:g} "
              f"persisted, then `label(filtered > {r['threshold']:g})` persisted; each step "
              f"waits at most {r['timeout_s']:.0f} s. Memory, per step: the busiest worker's "
-             f"peak device memory above what it held as the step began (its input; CuPy's "
-             f"pool), against the bound less that input: its share of the step's output plus "
+             f"peak device memory above what it held as the step began (its input; the "
+             f"blocks in use in CuPy's pool), against the bound less that input: its share of "
+             f"the step's output plus "
              f"4 of the step's chunks (the filter's with their halo, "
              f"{format_bytes(r['chunk_halo_bytes'])} each; the label's of "
              f"{r.get('label_dtype', 'int64')} labels).", "",

@@ -26,8 +26,8 @@ equal SciPy's: compared whole on arrays of at most :data:`SCIPY_CHECK` elements,
 same per-block checksums (SciPy's labels summed block by block here) on larger arrays that this
 machine's memory can label (about :data:`SCIPY_HOST_BYTES` bytes an element), on the first
 cluster of the sweep. Peak memory per worker is
-measured in a run of its own: CuPy's memory pool on GPU workers (the bytes the pool holds after
-the run, having freed its cache before it), ``tracemalloc`` on CPU workers.
+measured in a run of its own: on GPU workers the most bytes CuPy's memory pool has in use at
+any allocation (not the freed blocks it caches), ``tracemalloc`` on CPU workers.
 
 Without GPUs (or with ``--workers``) the same runs use NumPy chunks on CPU worker processes, which
 is how the test suite exercises this module end to end on a tiny ``--size``.
@@ -542,17 +542,20 @@ def _synchronize() -> None:
 def _memory_start(gpu: bool):
     """Start measuring the worker's peak memory; the bytes it holds now (None: not measurable).
 
-    GPU: CuPy's memory pool, its cache freed, holds exactly what is in use; what it holds after a
-    run is its high-water mark. Where CuPy allocates through RMM (dask-cuda's RMM options), RMM's
-    allocation statistics (:mod:`rmm.statistics`): a fresh counter from here, so the bytes held
-    now count as 0. CPU: ``tracemalloc`` (NumPy reports its buffers to it).
+    GPU: the most bytes CuPy's memory pool has in use at any allocation from here
+    (:class:`_PeakAllocator`: the pool's blocks in use, not those it keeps cached for reuse,
+    which its total would count). Where CuPy allocates through RMM (dask-cuda's RMM options),
+    RMM's allocation statistics (:mod:`rmm.statistics`): a fresh counter from here, so the
+    bytes held now count as 0. CPU: ``tracemalloc`` (NumPy reports its buffers to it).
     """
+    global _PEAK
     if gpu:
         cp = cuda.cupy()
         pool = cp.get_default_memory_pool()
         cp.cuda.Device().synchronize()
         if cp.cuda.get_allocator() == pool.malloc:
-            pool.free_all_blocks()
+            _PEAK = _PeakAllocator(pool)
+            cp.cuda.set_allocator(_PEAK.malloc)
             return pool.used_bytes()
         rmm = _rmm_statistics()
         if rmm is None:
@@ -565,6 +568,32 @@ def _memory_start(gpu: bool):
     tracemalloc.start()
     tracemalloc.reset_peak()
     return tracemalloc.get_traced_memory()[0]
+
+
+class _PeakAllocator:
+    """CuPy's allocator (``cupy.cuda.set_allocator``, process-wide) that allocates from the
+    memory pool ``pool`` and keeps the most bytes the pool had in use after any allocation:
+    the high-water mark of live device memory (in the pool's 512-byte rounding), where the
+    pool's total also counts the freed blocks it caches, which a later allocation of another
+    size cannot reuse. Blocks Numba allocates from the pool (Dask receiving a CuPy block) count
+    from the next CuPy allocation on."""
+
+    __slots__ = ("pool", "peak")
+
+    def __init__(self, pool):
+        self.pool = pool
+        self.peak = pool.used_bytes()
+
+    def malloc(self, size):
+        memory = self.pool.malloc(size)
+        used = self.pool.used_bytes()
+        if used > self.peak:
+            self.peak = used
+        return memory
+
+
+#: The worker's :class:`_PeakAllocator` between :func:`_memory_start` and :func:`_memory_end`.
+_PEAK: _PeakAllocator | None = None
 
 
 def _rmm_statistics():
@@ -581,11 +610,15 @@ def _rmm_statistics():
 
 def _memory_end(gpu: bool):
     """``(held now, peak)`` in bytes since :func:`_memory_start` (None: not measurable)."""
+    global _PEAK
     if gpu:
         cp = cuda.cupy()
         pool = cp.get_default_memory_pool()
-        if cp.cuda.get_allocator() == pool.malloc:
-            return pool.used_bytes(), pool.total_bytes()
+        if _PEAK is not None and cp.cuda.get_allocator() == _PEAK.malloc:
+            cp.cuda.set_allocator(pool.malloc)
+            peak, _PEAK = _PEAK.peak, None
+            held = pool.used_bytes()
+            return held, max(peak, held)
         rmm = _rmm_statistics()
         counts = None if rmm is None else rmm.pop_statistics()
         if counts is None:
@@ -713,7 +746,8 @@ def markdown(r) -> str:
     lines += _profile_table(r, places, chunkings, get)
 
     lines += ["", "Peak memory per worker above what it held before the run (largest over the "
-              "workers; CuPy's pool on GPUs, tracemalloc on CPUs), and working memory: the peak "
+              "workers; the blocks in use in CuPy's pool on GPUs, tracemalloc on CPUs), and "
+              "working memory: the peak "
               "less what the worker holds after the run (its input and its share of the "
               "result), in multiples of one chunk with its halo:", "",
               "| workers | chunk | chunk + halo | " + " | ".join(
