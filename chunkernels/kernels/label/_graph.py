@@ -253,7 +253,9 @@ def _relabelled(results, batches, merged, numbers, dtype) -> list:
     their global labels. A batch gets them in one pass over it when the merge was made on a
     device, else its local labels are written out and relabelled block by block, as the
     others are. ``batches`` is emptied as it goes, each forest let go once done: forests and
-    labels together may not fit (a worker's share of 65536² on one H100)."""
+    labels together may not fit (a worker's share of 65536² on one H100); ``results`` too,
+    block by block: a group's local labels and its new ones together held up to 7 chunks of
+    int64 labels beside a worker's share of the labels (160000² on four H100s)."""
     out = [None] * len(results)
     while batches:
         forest, members = batches.pop(0)
@@ -266,8 +268,11 @@ def _relabelled(results, batches, merged, numbers, dtype) -> list:
         else:
             _write_out(forest, members, results)
         del forest
-    return [_relabel(r, merged, numbers[j], dtype) if out[j] is None else out[j]
-            for j, r in enumerate(results)]
+    for j, result in enumerate(results):
+        if out[j] is None:
+            out[j] = _relabel(result, merged, numbers[j], dtype)
+        results[j] = None  # the block's local labels go once relabelled, not with the group
+    return out
 
 
 def _write_out(forest, members, results) -> None:
@@ -555,7 +560,7 @@ class _Part:
         tasks that read a part where it is."""
         forests = sum(f.parent.nbytes for f, _ in self.batches)
         return object.__sizeof__(self) + forests + sum(
-            getattr(r, "nbytes", 0) for result in self.results for r in result)
+            getattr(r, "nbytes", 0) for result in self.results if result for r in result)
 
     def __reduce__(self):
         # on its way to another worker (a task moved, spilling): without the device forests
