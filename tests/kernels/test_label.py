@@ -732,6 +732,23 @@ def test_device_merge_numbers_like_scipy_without_leaving_the_device(shape, chunk
     np.testing.assert_array_equal(out, want)
 
 
+def test_a_group_relabelling_lets_each_blocks_local_labels_go():
+    """Step 3 on a group of blocks (_relabelled, as a worker's relabelling task runs it) gives
+    SciPy's labels and empties the group's local results block by block, so that a block's
+    local labels are not held beside the group's new labels until the group ends."""
+    x = np.random.default_rng(31).random((60, 70)) < 0.45
+    s = ndi.generate_binary_structure(2, 1)
+    chunks = ((20, 20, 20), (30, 40))
+    blocks = [x[a:a + 20, b:b + w] for a in (0, 20, 40) for b, w in ((0, 30), (30, 40))]
+    results = [_forest._local_host(block, s) for block in blocks]
+    plan = _host_merge._MergePlan(x.shape, chunks, s, np.dtype(np.int32))
+    merged = label_graph._merge_task(plan, results)
+    out = label_graph._relabelled(results, [], merged, range(len(blocks)), np.dtype(np.int32))
+    assert results == [None] * len(blocks)
+    got = np.block([[out[0], out[1]], [out[2], out[3]], [out[4], out[5]]])
+    np.testing.assert_array_equal(got, ndi.label(x, s)[0])
+
+
 def many_with_local_labels(local, blocks):
     """``local.many(blocks)``'s results, each batch's blocks given their local labels
     (:meth:`_Forest.write_summary`), whose summaries must be those ``many`` made without them
