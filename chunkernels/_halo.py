@@ -119,8 +119,9 @@ class GroupResults:
     arrays its picks return: spilled as a list, they were copied to the host without freeing
     any device memory (the picks hold them), and copied back to the device for a pick still to
     run, a second copy. The label of a 40 GiB array on two H100s (its float32 input and int64
-    labels past dask-cuda's 80 % of each GPU) took 6.79 s so, and 0.96 s since; its peak fell
-    from 51.9 to 29.7 GiB above the input. To Dask this is a small object: its arrays' bytes
+    labels past dask-cuda's 80 % of each GPU) took 6.79 s so, and 0.96 s since; its peak, as
+    CuPy's pool total then measured it, fell from 51.9 to 29.7 GiB above the input. To Dask
+    this is a small object: its arrays' bytes
     are counted once, as the picks' results (the group itself is let go once its picks have
     run)."""
 
