@@ -399,6 +399,48 @@ def test_peak_allocator_keeps_the_most_bytes_in_use_not_the_pools_cache():
     assert peak.peak == 610 and pool.used == 5
 
 
+def test_gpu_memory_measure_installs_the_allocator_and_puts_the_pools_back(monkeypatch):
+    """A GPU worker's memory run: the measuring allocator is CuPy's from its start to its end,
+    then the pool's again; a measure a failed run left installed starts afresh; an allocator
+    that is neither (RMM's absent) is not measured."""
+    import types
+
+    class Pool:
+        def __init__(self):
+            self.used = 1000
+
+        def used_bytes(self):
+            return self.used
+
+        def malloc(self, size):
+            self.used += size
+            return size
+
+    pool = Pool()
+    current = {"allocator": pool.malloc}
+    device = types.SimpleNamespace(synchronize=lambda: None)
+    fake = types.SimpleNamespace(
+        get_default_memory_pool=lambda: pool,
+        cuda=types.SimpleNamespace(Device=lambda: device,
+                                   get_allocator=lambda: current["allocator"],
+                                   set_allocator=lambda a: current.update(allocator=a)))
+    monkeypatch.setattr(scaling.cuda, "cupy", lambda: fake)
+    monkeypatch.setattr(scaling, "_PEAK", None)
+    assert scaling._memory_start(True) == 1000
+    current["allocator"](300)  # a task's allocation, through CuPy's current allocator
+    pool.used -= 300
+    assert scaling._memory_end(True) == (1000, 1300)
+    assert current["allocator"] == pool.malloc
+    scaling._memory_start(True)  # a run that fails: its end never comes
+    left = current["allocator"]
+    assert left != pool.malloc
+    assert scaling._memory_start(True) == 1000 and current["allocator"] != left
+    current["allocator"](50)
+    assert scaling._memory_end(True) == (1050, 1050)
+    current["allocator"] = lambda size: size  # another allocator, not RMM's
+    assert scaling._memory_start(True) is None
+
+
 def test_dask_alone_runs_the_same_graph_with_no_task_doing_work():
     """bench.dask_alone: every key of the collections' graph is scheduled (persist gives the same
     keys and chunks back), and none of the real task functions runs."""

@@ -553,7 +553,9 @@ def _memory_start(gpu: bool):
         cp = cuda.cupy()
         pool = cp.get_default_memory_pool()
         cp.cuda.Device().synchronize()
-        if cp.cuda.get_allocator() == pool.malloc:
+        allocator = cp.cuda.get_allocator()
+        # the pool's, or a measure a failed run did not end (it starts afresh)
+        if allocator == pool.malloc or (_PEAK is not None and allocator == _PEAK.malloc):
             _PEAK = _PeakAllocator(pool)
             cp.cuda.set_allocator(_PEAK.malloc)
             return pool.used_bytes()
