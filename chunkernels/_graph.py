@@ -998,7 +998,8 @@ def _placed_graph(fn, name, inputs, where, chunks, depth, boundary):
         cut = moves.add((f"{name}-cut", key[1]), _halo.cut_many, moves.items(blocks), cuts)
         moves.add(key, _halo.arrived, cut)
         home[cut.key], home[key] = there, here
-    tasks.graph.update(_submitted(moves.graph, home, list(batch_keys.values())))
+    if moves.graph:  # none where no halo crosses workers (one worker): no message
+        tasks.graph.update(_submitted(moves.graph, home, list(batch_keys.values())))
     # per output key: (plan, core keys, pieces) with keys for what it reads, each piece
     # (key of a block, its slices) read in place or (key of a batch, position in it)
     jobs: dict[tuple, tuple] = {}

@@ -194,6 +194,25 @@ def test_a_batch_of_strips_moves_to_the_worker_that_reads_it_when_the_graph_is_b
                                    atol=1e-12)
 
 
+def test_a_halo_that_crosses_no_worker_submits_nothing_when_the_graph_is_built(monkeypatch):
+    """On one worker no strip crosses workers: building the graph sends the scheduler no
+    (empty) graph of batches, whose message the kernels' graph would follow."""
+    sent = []
+    real = _graph._submitted
+    monkeypatch.setattr(_graph, "_submitted", lambda *a: sent.append(a) or real(*a))
+    x_np = np.random.default_rng(3).random((64, 48))
+    with processes(1):
+        x = cluster.distribute(da.from_array(x_np, chunks=(16, 16)))
+        z = ndimage.gaussian_filter(x, 1.5)
+        assert sent == []
+        np.testing.assert_allclose(z.compute(), ndi.gaussian_filter(x_np, 1.5), rtol=1e-12,
+                                   atol=1e-12)
+    with processes(2):
+        x = cluster.distribute(da.from_array(x_np, chunks=(16, 16)))
+        ndimage.gaussian_filter(x, 1.5)
+        assert len(sent) == 1
+
+
 def test_placed_blocks_of_several_inputs_and_a_pipeline():
     import chunkernels
 
