@@ -589,17 +589,25 @@ def test_capacity_on_cpu_workers(tmp_path, capsys):
     assert rows[0]["checksums"] == rows[1]["checksums"]
     assert rows[1]["blocks_per_worker"] == [8, 8]
     assert set(rows[0]["steps"]) == {"make", "filter", "label"}
-    # 160² elements: SciPy's int32 labels; each step's bound is its share of its output and
-    # four of its chunks (the filter's with their halo)
+    # 160² elements: SciPy's int32 labels. Each step's peak is the worker's own share of the
+    # output (the bytes of the blocks it holds) plus its working memory, bounded by four of the
+    # step's chunks (the filter's with their halo). In 48² chunks the tiles of two workers are
+    # rows 0-1 (96 rows) and rows 2-3 (48 + 16 rows): the filter's shares differ.
     assert report["label_dtype"] == "int32"
     for r in rows:
-        share = 160 * 160 * 4 / r["workers"]
-        assert r["memory"]["filter"]["bound"] == share + 4 * report["chunk_halo_bytes"]
-        assert r["memory"]["label"]["bound"] == share + 4 * 48 * 48 * 4
-        assert all(r["memory"][s]["peak_above_start"] > 0 for s in ("filter", "label"))
+        filtered = {160 * 160 * 4} if r["workers"] == 1 else {96 * 160 * 4, 64 * 160 * 4}
+        for step, chunk in (("filter", report["chunk_halo_bytes"]), ("label", 48 * 48 * 4)):
+            m = r["memory"][step]
+            if step == "filter" or r["workers"] == 1:
+                assert m["share"] in filtered
+            else:
+                assert 0 < m["share"] < 160 * 160 * 4
+            assert m["peak_above_start"] == m["share"] + m["working"] > 0
+            assert m["chunk"] == chunk and m["limit"] == 4 * chunk
     md = (tmp_path / "capacity.md").read_text()
     assert "| 2 CPU workers | completed | 8 / 8 |" in md
-    assert "| filter: peak, bound | label: peak, bound |" in md
+    assert "| filter: peak = share + working | label: peak = share + working |" in md
+    assert " chunks)" in md
 
 
 def test_capacity_reports_a_step_that_does_not_finish(monkeypatch):

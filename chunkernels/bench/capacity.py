@@ -12,12 +12,17 @@ may it hang: every step waits at most ``--timeout`` seconds (default 600), then 
 reported as not finished and its work cancelled.
 
 Per cluster the report gives what happened (completed, the error's first line, or the timeout),
-the time of each step, and for each step the busiest worker's peak device memory above what it
-held as the step began (its input; the blocks in use in CuPy's pool, where CuPy allocates from
-it, not those it caches) next to the bound
-the issue sets, less that input: the worker's share of the step's output plus four of the step's
-chunks (the filter's float32 chunks with their halo; the label's chunks of labels, whose dtype
-is SciPy's, int64 from 2**31 elements on, twice the filtered array's bytes). It also gives the
+the time of each step, and for each step and worker the peak device memory above what the
+worker held as the step began (its input; the blocks in use in CuPy's pool, where CuPy
+allocates from it, not those it caches), split into that worker's own share of the step's
+output (the bytes of the output blocks it holds) and the rest, the step's working memory, which
+the issue bounds by four of the step's chunks (the filter's float32 chunks with their halo; the
+label's chunks of labels, whose dtype is SciPy's, int64 from 2**31 elements on, twice the
+filtered array's bytes). The worker with the most working memory is reported. Shares differ
+between workers where edge blocks are smaller (tiles balance blocks, not bytes: at 160000² in
+8192² chunks on four GPUs, one tile holds 25.0 GiB of full blocks and another 22.7 GiB), which
+is why the bound is each worker's own share and not the array's bytes divided evenly. It also
+gives the
 host memory each worker holds after the filter (where results spilled). A step with a failed
 block is reported by its error. The labels of every cluster that completed must agree (their
 count and per-block checksums); the filter is checked against SciPy on windows across chunk
@@ -83,7 +88,6 @@ def _attempt(client, gpu, shape, chunks, timeout, unit, label_dtype) -> dict:
         x = scaling._input(client, shape, chunks, gpu)
         out["steps"]["make"] = time.perf_counter() - start
         out["blocks_per_worker"] = sorted(cluster.blocks_per_worker(x).values())
-        workers = max(1, len(out["blocks_per_worker"]))
         starts = client.run(scaling._memory_start, gpu)
 
         step = "filter"
@@ -94,8 +98,7 @@ def _attempt(client, gpu, shape, chunks, timeout, unit, label_dtype) -> dict:
         _raise_failed(smooth)
         client.run(scaling._synchronize)
         out["steps"]["filter"] = time.perf_counter() - start
-        out["memory"]["filter"] = _step_memory(
-            client, gpu, starts, scaling._nbytes(shape) / workers + 4 * unit)
+        out["memory"]["filter"] = _step_memory(client, gpu, starts, smooth, unit)
         scaling._check("capacity", smooth, x, scaling.implementations(
             scaling.HALO_PIPELINE)[scaling.CHUNKERNELS][1], "array")
         out["host_bytes_after_filter"] = sorted(client.run(_host_bytes).values())
@@ -115,10 +118,8 @@ def _attempt(client, gpu, shape, chunks, timeout, unit, label_dtype) -> dict:
         _raise_failed([labels, count])
         client.run(scaling._synchronize)
         out["steps"]["label"] = time.perf_counter() - start
-        label_bytes = label_dtype.itemsize * int(np.prod(shape, dtype=np.int64))
         label_chunk = label_dtype.itemsize * int(np.prod(chunks, dtype=np.int64))
-        out["memory"]["label"] = _step_memory(client, gpu, starts,
-                                              label_bytes / workers + 4 * label_chunk)
+        out["memory"]["label"] = _step_memory(client, gpu, starts, labels, label_chunk)
         out["count"] = int(count.compute())
         sums = labels.map_blocks(scaling._block_checksum, dtype=np.int64, chunks=(1, 2),
                                  meta=np.empty((0, 0), np.int64))
@@ -145,13 +146,37 @@ def _raise_failed(collections) -> None:
             future.result()
 
 
-def _step_memory(client, gpu, starts, bound) -> dict:
-    """The busiest worker's peak above what it held as the step began (``starts``; None where
-    not measurable), and the step's ``bound`` above the same: its share of the step's output
-    plus four of its chunks."""
-    memory = scaling._memory(starts, client.run(scaling._memory_end, gpu))
-    return {"peak_above_start": None if memory is None else memory["peak_above_start"],
-            "bound": bound}
+def _step_memory(client, gpu, starts, output, chunk: int) -> dict:
+    """Per step: each worker's peak above what it held as the step began (``starts``), its
+    share of the step's ``output`` (the bytes of the blocks it holds) and the rest, its working
+    memory, against the bound of four of the step's chunks (``chunk`` bytes each); the worker
+    with the most working memory (None where not measurable)."""
+    ends = client.run(scaling._memory_end, gpu)
+    shares = _output_shares(output)
+    worst = None
+    for worker, start in starts.items():
+        end = ends.get(worker)
+        if start is None or end is None:
+            return {"peak_above_start": None, "limit": 4 * chunk, "chunk": chunk}
+        peak = end[1] - start
+        share = shares.get(worker, 0)
+        row = {"worker": worker, "peak_above_start": peak, "share": share,
+               "working": peak - share}
+        if worst is None or row["working"] > worst["working"]:
+            worst = row
+    return {**(worst or {"peak_above_start": None}), "limit": 4 * chunk, "chunk": chunk}
+
+
+def _output_shares(a) -> dict[str, int]:
+    """The bytes of Dask array ``a``'s blocks each worker holds (persisted on the cluster)."""
+    from chunkernels import _graph
+
+    where = _graph.placement(a) or {}
+    shares: dict[str, int] = {}
+    for index, worker in where.items():
+        size = int(np.prod([c[i] for c, i in zip(a.chunks, index)], dtype=np.int64))
+        shares[worker] = shares.get(worker, 0) + size * a.dtype.itemsize
+    return shares
 
 
 def _released(client, keys, timeout: float = 30.0) -> None:
@@ -188,15 +213,16 @@ def markdown(r) -> str:
              f"({env['date'][:10]})", "",
              f"Made on the workers and placed in tiles, `gaussian_filter` σ={r['sigma']:g} "
              f"persisted, then `label(filtered > {r['threshold']:g})` persisted; each step "
-             f"waits at most {r['timeout_s']:.0f} s. Memory, per step: the busiest worker's "
-             f"peak device memory above what it held as the step began (its input; the "
-             f"blocks in use in CuPy's pool), against the bound less that input: its share of "
-             f"the step's output plus "
-             f"4 of the step's chunks (the filter's with their halo, "
-             f"{format_bytes(r['chunk_halo_bytes'])} each; the label's of "
-             f"{r.get('label_dtype', 'int64')} labels).", "",
+             f"waits at most {r['timeout_s']:.0f} s. Memory, per step: the peak device "
+             f"memory of a worker above what it held as the step began (its input; the blocks "
+             f"in use in CuPy's pool) = its share of the step's output (the blocks it holds) + "
+             f"the rest, the step's working memory, in the step's chunks (the filter's with "
+             f"their halo, {format_bytes(r['chunk_halo_bytes'])} each; the label's of "
+             f"{r.get('label_dtype', 'int64')} labels), against the bound of 4; the worker "
+             f"with the most working memory.", "",
              "| workers | outcome | blocks per worker | make (s) | filter (s) | label (s) | labels "
-             "| filter: peak, bound | label: peak, bound | host memory after the filter |",
+             "| filter: peak = share + working | label: peak = share + working "
+             "| host memory after the filter |",
              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for row in r["rows"]:
         steps = row["steps"]
@@ -214,10 +240,13 @@ def markdown(r) -> str:
 
 
 def _peak_cell(memory) -> str:
-    """``peak, bound`` of one step (``-`` where not measured), marked where over the bound."""
+    """``peak = share + working (chunks)`` of one step (``-`` where not measured), marked where
+    the working memory is over its bound of four chunks."""
     from dask.utils import format_bytes
 
     if not memory or memory.get("peak_above_start") is None:
         return "-"
-    peak, bound = memory["peak_above_start"], memory["bound"]
-    return f"{format_bytes(peak)}, {format_bytes(bound)}{'' if peak <= bound else ' (over)'}"
+    over = "" if memory["working"] <= memory["limit"] else " (over 4)"
+    return (f"{format_bytes(memory['peak_above_start'])} = {format_bytes(memory['share'])} + "
+            f"{format_bytes(max(0, memory['working']))} "
+            f"({max(0, memory['working']) / memory['chunk']:.1f} chunks){over}")
