@@ -234,9 +234,7 @@ def markdown(r) -> str:
             + f" | {row.get('count', '-')} | "
             + " | ".join(_peak_cell(row.get("memory", {}).get(s)) for s in ("filter", "label"))
             + f" | {', '.join(map(format_bytes, row.get('host_bytes_after_filter', []))) or '-'} |")
-    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
-    lines += ["", f"Versions: {versions}."]
-    return "\n".join(lines)
+    return "\n".join(lines)  # the versions line follows (bench.write_report)
 
 
 def _peak_cell(memory) -> str:
