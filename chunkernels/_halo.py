@@ -365,17 +365,6 @@ class Strips:
         return Strips, (self.host, self.layout, self.gpu)
 
 
-def arrived(strips: Strips) -> Strips:
-    """On the worker that reads a batch of strips: the batch, its GPU pieces uploaded to this
-    worker's GPU. A task of its own, submitted with the batch's cut when the exchange's graph is
-    built (:func:`chunkernels._graph._placed_graph`), so that the batch travels and is uploaded
-    while the graph is sent and the worker's other blocks run, not when a border block's task
-    asks for it."""
-    if strips.gpu:
-        strips.upload()
-    return strips
-
-
 def _view(flat, offset: int, shape: tuple, dtype):
     """The piece of ``shape`` and ``dtype`` at byte ``offset`` of the uint8 buffer ``flat``."""
     dtype = np.dtype(dtype)

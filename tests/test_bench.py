@@ -592,16 +592,16 @@ def test_capacity_on_cpu_workers(tmp_path, capsys):
     # 160² elements: SciPy's int32 labels. Each step's peak is the worker's own share of the
     # output (the bytes of the blocks it holds) plus its working memory, bounded by four of the
     # step's chunks (the filter's with their halo). In 48² chunks the tiles of two workers are
-    # rows 0-1 (96 rows) and rows 2-3 (48 + 16 rows): the filter's shares differ.
+    # rows 0-1 (96 rows) and rows 2-3 (48 + 16 rows), whose shares differ; where the
+    # scheduler runs a block's task (stealing moves some on CPU workers) decides the output's.
     assert report["label_dtype"] == "int32"
     for r in rows:
-        filtered = {160 * 160 * 4} if r["workers"] == 1 else {96 * 160 * 4, 64 * 160 * 4}
         for step, chunk in (("filter", report["chunk_halo_bytes"]), ("label", 48 * 48 * 4)):
             m = r["memory"][step]
-            if step == "filter" or r["workers"] == 1:
-                assert m["share"] in filtered
+            if r["workers"] == 1:
+                assert m["share"] == 160 * 160 * 4
             else:
-                assert 0 < m["share"] < 160 * 160 * 4
+                assert 0 < m["share"] < 160 * 160 * 4 and m["share"] % (16 * 4) == 0
             assert m["peak_above_start"] == m["share"] + m["working"] > 0
             assert m["chunk"] == chunk and m["limit"] == 4 * chunk
     md = (tmp_path / "capacity.md").read_text()

@@ -168,9 +168,10 @@ def test_same_worker_pieces_are_read_from_the_neighbour_blocks_in_place():
         assert any(f"{z.name}-batch" in d for d in deps[(3, 0)])  # the first row of tile 1
 
 
-def test_a_batch_of_strips_moves_to_the_worker_that_reads_it_when_the_graph_is_built():
-    """Each batch is cut where its blocks are and moved at once to the worker whose border
-    blocks read it (a task there), before the kernels' graph is computed."""
+def test_a_batch_of_strips_is_cut_where_its_blocks_are_when_the_graph_is_built():
+    """Each batch is cut on the worker that holds its blocks as soon as the graph is built,
+    before the kernels' graph is computed, and the blocks that read it take it from there: one
+    message per pair of workers, no block moved."""
     from distributed import Future, wait
 
     x_np = np.random.default_rng(8).random((96, 64))
@@ -183,11 +184,16 @@ def test_a_batch_of_strips_moves_to_the_worker_that_reads_it_when_the_graph_is_b
         wait(list(batches.values()))
         where = _graph.placement(x)
         held = client.who_has(list(batches.values()))
+        readers = collections.defaultdict(set)
         for k, t in graph.items():
             if k[0] == z.name:
                 for d in t.dependencies:
-                    if d in batches:  # read by this block's worker: already there
-                        assert where[k[1:]] in held[d], (k, d, held[d])
+                    if d in batches:
+                        readers[d].add(where[k[1:]])
+        for d, workers in readers.items():
+            # one reader, and the batch lives on the other worker: the one whose blocks it cut
+            assert len(workers) == 1 and len(held[d]) == 1 and set(held[d]) != workers
+        assert set(readers) == set(batches)
         # the cuts ran where their blocks are: no block was copied to another worker
         assert all(len(h) == 1 for h in client.who_has(x).values())
         np.testing.assert_allclose(z.compute(), ndi.gaussian_filter(x_np, 1.5), rtol=1e-12,
