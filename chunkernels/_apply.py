@@ -302,10 +302,11 @@ def _ensure_halo(label, x, ops, depth, allow_rechunk):
     edge mode then does everything there), which needs ``allow_rechunk``.
     """
     fixes = {}
+    if any(depth):  # the exchange places every block, along every axis
+        _graph.check_chunk_sizes(x, label, "x")
     for axis, (d, chunks) in enumerate(zip(depth, x.chunks)):
         if d == 0:
             continue
-        _graph.check_chunk_sizes(x, label, "x", (axis,))
         if d >= x.shape[axis]:
             fixes[axis] = (x.shape[axis],)
     if fixes and not allow_rechunk:

@@ -114,6 +114,13 @@ BAD_INPUTS = (
     Bad(UNKNOWN, "ndimage.spline_filter(u)", UnknownChunkSizesError, _unknown("spline_filter")),
     Bad(UNKNOWN, "ndimage.gaussian_filter(u, 2.0)", UnknownChunkSizesError,
         _unknown("gaussian_filter", "x")),
+    # a halo along axis 1 still places every block along axis 0 (whose sizes are unknown)
+    Bad(UNKNOWN, "ndimage.uniform_filter1d(u, 3, axis=1)", UnknownChunkSizesError,
+        _unknown("uniform_filter", "x")),  # its kernel
+    Bad(UNKNOWN, "ndimage.correlate1d(u, [1.0, 2.0, 1.0], axis=1)", UnknownChunkSizesError,
+        _unknown("correlate1d", "x")),
+    Bad(UNKNOWN, "ndimage.gaussian_filter(u, 1.0, axes=(1,))", UnknownChunkSizesError,
+        _unknown("gaussian_filter", "x")),
     Bad(UNKNOWN, "ndimage.center_of_mass(u)", UnknownChunkSizesError, _unknown("center_of_mass")),
     Bad(UNKNOWN, "ndimage.find_objects(ul)", UnknownChunkSizesError, _unknown("find_objects")),
     Bad(UNKNOWN, "ndimage.sum_labels(u, ul, [1, 2])", UnknownChunkSizesError,

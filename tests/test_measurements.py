@@ -610,6 +610,13 @@ def test_histogram_and_comprehension_match_scipy(backend):
                                             -1.0, True), expected)
         close(ndimage.labeled_comprehension(dx, dl, 2, np.median, float, 0.0),
               np.asarray(ndi.labeled_comprehension(x, labels, 2, np.median, float, 0.0)))
+        # index=None: func's result over every labelled element, as it is: scipy ignores
+        # out_dtype there (an int out_dtype once truncated the Dask result)
+        for out_dtype in (np.int64, bool, float):
+            want = ndi.labeled_comprehension(x, labels, None, np.sum, out_dtype, 0)
+            got = host(ndimage.labeled_comprehension(dx, dl, None, np.sum, out_dtype, 0))
+            np.testing.assert_allclose(np.asarray(host(got), dtype=np.float64), want,
+                                       rtol=1e-12)
         # object results of one region compute to the object itself, as scipy returns it
         # (and dask-image's lazy results compute to it), not to a 0-d array holding it
         head = lambda v: v[:2] * 1  # noqa: E731 - an array of the input's module

@@ -936,7 +936,9 @@ def labeled_comprehension(input, labels, index, func, out_dtype, default, pass_p
         flat indices: NumPy arrays for NumPy and NumPy-chunked Dask inputs, CuPy arrays for
         CuPy ones.
     out_dtype : dtype
-        Dtype of the result.
+        Dtype of the result, for an index (with no labels or no index, SciPy ignores it, and so
+        does this: the result is ``func``'s, and a Dask result is a 0-d object array computing
+        to it).
     default : scalar or None
         Result for labels of ``index`` absent from ``labels``.
     pass_positions : bool
@@ -978,12 +980,13 @@ def labeled_comprehension(input, labels, index, func, out_dtype, default, pass_p
         if q.single:
             return result.reshape(-1)[0]
         return list(result.reshape(-1)) if result.dtype == object else result
-    if raw:
-        combine = functools.partial(_as_0d, combine, out_dtype)
+    if raw:  # scipy returns func's result as it is, whatever out_dtype says: a 0-d object
+        combine = functools.partial(_as_0d, combine, object)  # result computes to it
     elif np.dtype(out_dtype) == object and not q.out_shape:
         combine = functools.partial(_unboxed, combine)
     return _per_block(q, "labeled_comprehension", block, combine, q.out_shape,
-                      np.dtype(out_dtype), (q.select, q.keys, q.slots, func, default))
+                      np.dtype(object if raw else out_dtype),
+                      (q.select, q.keys, q.slots, func, default))
 
 
 def _comprehension_block(select, keys, shape, origin, x, labels):
