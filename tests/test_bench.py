@@ -711,3 +711,35 @@ def test_scaling_checks_the_chunk_corner_where_the_workers_tiles_meet():
                                      per_block=False))) == 3
     assert len(list(scaling._windows(da.zeros((96, 90), chunks=(48, 90)), (16, 16),
                                      per_block=False))) == 3
+
+
+def _end_and_count(gpu, dask_worker=None):  # client.run passes the worker
+    from distributed import default_client
+
+    # the result's blocks the client still holds (its futures' references), and the worker
+    wanted = default_client().refcount
+    dask_worker.held_at_end = (
+        sum(1 for k, n in wanted.items() if isinstance(k, tuple) and k[0] == "held-result" and n),
+        sum(1 for k in dask_worker.data if isinstance(k, tuple) and k[0] == "held-result"))
+    return _REAL_MEMORY_END(gpu)
+
+
+_REAL_MEMORY_END = scaling._memory_end
+
+
+def test_scaling_measures_memory_while_the_result_is_held(monkeypatch):
+    """The memory run ends while its result is held: what a worker holds then (its input and
+    its share of the result) is what the working memory is taken beside. Dropped first, the
+    result's blocks were on their way out, and a worker seemed to hold less than its share."""
+    from distributed import Client, LocalCluster
+
+    monkeypatch.setattr(scaling, "_memory_end", _end_and_count)
+    monkeypatch.setattr(scaling, "_check", lambda *args: None)
+    build = lambda x: x.map_blocks(np.add, 1.0, name="held-result")  # noqa: E731
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=None) as lc, Client(lc) as client:
+        x = client.persist(da.ones((64, 64), chunks=16))
+        row = scaling._measure(client, False, x, "map_blocks", build, None, "twin", 1)
+        (worker,) = lc.workers.values()
+        assert worker.held_at_end == (16, 16)
+    assert row["memory"]["working"] >= 0

@@ -244,8 +244,12 @@ def _measure(client, gpu, x, label, build, reference, check, repeat) -> dict:
     del z  # the last reference: its results are released, then forgotten
     _forget(client, keys)
     starts = client.run(_memory_start, gpu)
-    keys = _keys(once())
+    z = once()
+    # measured while the result is held: dropped first, its blocks would be on their way out
+    # (what a worker holds at the end, less than its share, made the working memory look larger)
     ends = client.run(_memory_end, gpu)
+    keys = _keys(z)
+    del z
     _forget(client, keys)
 
     def timed():
