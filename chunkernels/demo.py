@@ -405,6 +405,9 @@ def _open(path, chunk, gpu, read_image):
             f"{path} holds an array of shape {image.shape} (axes of length 1 dropped); the demo "
             f"finds sources in 2-D images (a radio image's (1, 1, N, N) cube is fine): save one "
             f"plane of it, e.g. numpy.save('plane.npy', cube[0, 0])")
+    if 0 in image.shape:
+        raise _InputError(f"{path} holds an empty image, of shape {image.shape}: no pixels to "
+                          f"find sources in; give an image of at least one pixel")
     try:
         check_dtype(image.dtype)
     except TypeError as exc:
@@ -803,7 +806,9 @@ def _cutout(ax, image, labels, corner, norm, table, truth, recovery):
         kinds = [(labels > 0, "tab:red", "detection: outline, centre of mass")]
     else:  # each label's kind, by its label - 1
         kind = np.where(recovery.owner == 0, 2, np.where(recovery.fragment, 1, 0))
-        of_pixel = np.where(labels > 0, kind[np.maximum(labels, 1) - 1], -1)
+        # no detection (a sky too small for its sources): no pixel has a kind
+        of_pixel = (np.where(labels > 0, kind[np.maximum(labels, 1) - 1], -1) if kind.size
+                    else np.full(labels.shape, -1))
         kinds = [(of_pixel == k, colour, text) for k, (colour, text) in enumerate(_KINDS)]
     # and a dot at each centre of mass: a detection of a pixel or two has a tiny outline
     cx = np.asarray(table["center_of_mass-1"], dtype=np.float64)
@@ -925,9 +930,11 @@ def _summary(source, found, where, gpu, times, validation, checks, recovery, wri
     if recovery is not None:
         (rb, nb), (rf, nf) = recovery.bright, recovery.faint
         print()
+        offset = ("none recovered" if np.isnan(recovery.offset)
+                  else f"{recovery.offset:.2f} px")
         print(f"recovery of the injected sources: {rb} of {nb} with peak S/N >= 10 "
               f"({rb / max(nb, 1):.0%}), {rf} of {nf} with 5 <= S/N < 10; median offset of "
-              f"bright point sources {recovery.offset:.2f} px")
+              f"bright point sources: {offset}")
         print(f"detections: {found.count} = {recovery.matched} of an injected source (the "
               f"brightest detection within its reach, max(3 px, 3 σ_major)) + "
               f"{recovery.fragments} fragments ({recovery.fragments_of_extended} of extended "

@@ -313,6 +313,21 @@ def test_demo_without_validation(tmp_path, capsys):
                                                     "preview.png"}
 
 
+def test_demo_on_a_sky_with_nothing_to_find(tmp_path, capsys):
+    """A sky too small for its sources: an empty catalogue, the picture and a validated run,
+    not a traceback from drawing the cutout of no detection."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("tqdm")
+    code = main(["demo", "--size", "64", "--out", str(tmp_path)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "0 sources" in printed and "median offset of bright point sources: none" in printed
+    assert "result:  validated" in printed
+    header, rows = _read_csv(tmp_path / "catalogue.csv")
+    assert rows == []
+    assert (tmp_path / "preview.png").read_bytes().startswith(b"\x89PNG")
+
+
 def test_demo_on_a_running_scheduler(tmp_path, capsys):
     """``--scheduler ADDRESS``: a cluster of two CPU worker processes started elsewhere; the
     κσ clipping runs on the workers' blocks (one actor each), the rest as graphs there."""
@@ -426,6 +441,7 @@ def test_demo_input_errors(tmp_path, capsys):
     np.save(tmp_path / "cube.npy", np.zeros((2, 3, 4), np.float32))
     np.save(tmp_path / "complex.npy", np.zeros((4, 4), np.complex64))
     np.save(tmp_path / "flat.npy", np.zeros((4, 4), np.float32))
+    np.save(tmp_path / "empty.npy", np.zeros((0, 5), np.float32))
     with pytest.raises(SystemExit):
         main(["demo", str(tmp_path / "notes.txt")])
     assert "cannot tell the format of" in capsys.readouterr().err
@@ -435,6 +451,7 @@ def test_demo_input_errors(tmp_path, capsys):
                                        "dropped); the demo finds sources in 2-D images"),
         ([str(tmp_path / "complex.npy")], "takes real integer, float32 or float64 data; got dtype "
                                           "complex64"),
+        ([str(tmp_path / "empty.npy")], "holds an empty image, of shape (0, 5): no pixels"),
     ]
     for argv, message in cases:
         code = main(["demo", *argv, "--out", str(tmp_path / "out")])
