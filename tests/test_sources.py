@@ -114,6 +114,12 @@ def cuda_meta(x):
     ({"shape": (10, 10, 10)}, r"shape=\(10, 10, 10\); expected a positive number of pixels or a pair"),
     ({"seed": -1}, r"seed=-1; expected an integer from 0 to 2\*\*64 - 1"),
     ({"noise": 0.0}, r"noise=0.0; expected a positive finite standard deviation"),
+    ({"shape": 2.5}, r"shape=2.5; expected a positive number of pixels"),
+    ({"chunks": -3}, r"chunks=-3 for an image of shape \(16, 16\) give chunks \(\(-2,\), "
+                     r"\(-2,\)\); expected a positive chunk side"),
+    ({"chunks": 0}, r"chunks=0 for an image of shape \(16, 16\): .*expected a positive chunk side"),
+    ({"chunks": ((8, 7), (16,))}, r"chunks=\(\(8, 7\), \(16,\)\) for an image of shape "
+                                  r"\(16, 16\): Chunks do not add up to shape"),
 ])
 def test_sky_argument_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):

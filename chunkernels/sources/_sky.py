@@ -96,16 +96,14 @@ def synthetic_sky(shape=8192, *, chunks=2048, seed=0, noise=NOISE, gpu=False):
     ``tests/test_sky.py`` and ``chunkernels bench sky`` count the pixels that differ on a GPU,
     each at most one float32 ulp away.
     """
-    import dask.array as da
-
     shape = _image_shape(shape)
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= _M64:
         raise ValueError(f"seed={seed!r}; expected an integer from 0 to 2**64 - 1")
     if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not (
             math.isfinite(noise) and noise > 0):
         raise ValueError(f"noise={noise!r}; expected a positive finite standard deviation")
+    chunks = _image_chunks(chunks, shape)
     truth = sky_sources(shape, seed=seed, noise=noise)
-    chunks = da.core.normalize_chunks(chunks, shape, dtype=np.float32)
     if gpu:
         render, meta = _render_cuda, cuda.cupy().empty((0, 0), dtype=np.float32)
     else:
@@ -127,8 +125,29 @@ def _image(render, meta, shape, chunks, seed, noise, truth):
     return tasks.array(name, chunks, np.float32, meta)
 
 
+def _image_chunks(chunks, shape) -> tuple[tuple[int, ...], ...]:
+    """``chunks`` as Dask normalises them for an image of ``shape``; a ValueError, before any
+    work, for chunks that are not positive sizes covering the image."""
+    import dask.array as da
+
+    expected = ("expected a positive chunk side (e.g. 2048), a pair of them, or chunks Dask "
+                "accepts that cover the image")
+    try:
+        normal = da.core.normalize_chunks(chunks, shape, dtype=np.float32)
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise ValueError(f"chunks={chunks!r} for an image of shape {shape}: {exc}; "
+                         f"{expected}") from None
+    if any(not c > 0 for axis in normal for c in axis) or tuple(map(sum, normal)) != shape:
+        raise ValueError(f"chunks={chunks!r} for an image of shape {shape} give chunks "
+                         f"{normal}; {expected}")
+    return normal
+
+
 def _image_shape(shape) -> tuple[int, int]:
-    sizes = (shape, shape) if isinstance(shape, numbers.Integral) else tuple(shape)
+    try:
+        sizes = (shape, shape) if isinstance(shape, numbers.Integral) else tuple(shape)
+    except TypeError:
+        sizes = ()
     if len(sizes) != 2 or any(isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1
                               for n in sizes):
         raise ValueError(f"shape={shape!r}; expected a positive number of pixels or a pair "
