@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from chunkernels import __version__
-from chunkernels._cli_args import add_cluster_arguments, cluster_from_args
+from chunkernels._cli_args import add_cluster_arguments, cluster_from_args, whole_number
 
 
 #: ``chunkernels list`` fits a terminal this wide.
@@ -139,7 +139,8 @@ def main(argv=None) -> int:
 
     p = sub.add_parser("check", help="validate kernels against their CPU references")
     p.add_argument("names", nargs="*", metavar="NAME", help="kernels to check (default: all)")
-    p.add_argument("--seed", type=int, default=0, help="random seed for the inputs")
+    p.add_argument("--seed", type=whole_number, default=0,
+                   help="random seed for the inputs (a whole number, 0 or more)")
     p.add_argument("--cpu-only", action="store_true", help="skip the GPU path even with a GPU")
     add_cluster_arguments(p)
     p.set_defaults(run=_check)

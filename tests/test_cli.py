@@ -207,6 +207,16 @@ def test_no_command_is_a_usage_error(capsys):
     assert "usage: chunkernels" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("seed", ["-5", "abc", "1.5"])
+def test_check_refuses_a_seed_that_is_not_a_whole_number(seed, capsys):
+    """A usage error (exit 2) naming the value, not a traceback from NumPy's generator."""
+    with pytest.raises(SystemExit) as info:
+        main(["check", "--seed", seed])
+    assert info.value.code == 2
+    assert f"argument --seed: {seed!r} is not a whole number of at least 0" in (
+        capsys.readouterr().err)
+
+
 def test_module_entry_point(tmp_path):
     """``python -m chunkernels``, run from elsewhere, as the console script runs it."""
     proc = subprocess.run([sys.executable, "-m", "chunkernels", "list"], cwd=tmp_path,
