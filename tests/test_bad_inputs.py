@@ -121,6 +121,8 @@ BAD_INPUTS = (
         _unknown("correlate1d", "x")),
     Bad(UNKNOWN, "ndimage.gaussian_filter(u, 1.0, axes=(1,))", UnknownChunkSizesError,
         _unknown("gaussian_filter", "x")),
+    Bad(UNKNOWN, "chunkernels.sources.kappa_sigma_clip(u)", UnknownChunkSizesError,
+        _unknown("kappa_sigma_clip", "x")),
     Bad(UNKNOWN, "ndimage.center_of_mass(u)", UnknownChunkSizesError, _unknown("center_of_mass")),
     Bad(UNKNOWN, "ndimage.find_objects(ul)", UnknownChunkSizesError, _unknown("find_objects")),
     Bad(UNKNOWN, "ndimage.sum_labels(u, ul, [1, 2])", UnknownChunkSizesError,

@@ -97,7 +97,7 @@ def kappa_sigma_clip(kind, x, kappa=3.0, max_iters=None, return_mask=False):
     (True, True)
     """
     kappa, max_iters = _check_arguments(kappa, max_iters)
-    x = as_input(x, "kappa_sigma_clip", "x")
+    x = as_input(x, "kappa_sigma_clip", "x", chunk_sizes=True)
     ksc.check_dtype(x.dtype)
     if kind.dask and not _clip_cluster.held(x):
         x = x.persist()
