@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import inspect
 import itertools
+import numbers
 import re
 import textwrap
 import threading
@@ -230,6 +231,33 @@ class KernelSpec:
             bad("cpu must be the CPU reference function")
         if self.gpu is not None and not callable(self.gpu):
             bad("gpu must be a dispatch function or None")
+        examples = {"halo": "lambda ndim, **params: (2,) * ndim",
+                    "boundary": "lambda **params: 'none'",
+                    "result_dtype": "lambda x_dtype, *operand_dtypes, **params: "
+                                    "np.dtype(np.float32)"}
+        for field, example in examples.items():
+            value = getattr(self, field)
+            # a dtype is no function, though NumPy's scalar types are callable
+            if not callable(value) or isinstance(value, np.dtype) or (
+                    isinstance(value, type) and issubclass(value, np.generic)):
+                bad(f"{field}={value!r} must be a function of the parameters, not a value: "
+                    f"e.g. {field}={example}")
+        for field in ("supports", "validate", "cases", "partial", "finalize"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                bad(f"{field}={value!r} must be a function, or None")
+        for field in ("entries", "dtypes", "operands", "skimage"):
+            value = getattr(self, field)
+            if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+                bad(f"{field}={value!r} must be a sequence of names, e.g. {field}=({value!r},)"
+                    if isinstance(value, str) else f"{field}={value!r} must be a sequence")
+        if (not isinstance(self.ndim, (tuple, list)) or len(self.ndim) != 2
+                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
+                           for n in self.ndim[:1])
+                or not (self.ndim[1] is None or (isinstance(self.ndim[1], numbers.Integral)
+                                                 and not isinstance(self.ndim[1], bool)))):
+            bad(f"ndim={self.ndim!r}; expected a (min, max) pair of dimension counts, max None "
+                f"for any, e.g. ndim=(2, 2) for 2-D only")
         if self.source is not None and self.code is not None:
             bad("give either source (a file in kernels_cuda/) or code (inline), not both")
         if self.source is not None and not _SOURCE_FILE.fullmatch(self.source):

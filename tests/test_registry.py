@@ -358,6 +358,20 @@ def test_ensure_registered_adds_a_spec_sent_to_a_worker():
     ({"gpu": "kernel.cu"}, r"gpu must be a dispatch function or None"),
     ({"cpu": None}, r"cpu must be the CPU reference function"),
     ({"dtypes": ("float32", "flaot64")}, r"dtypes: 'flaot64' is not a NumPy dtype"),
+    # values where functions belong, and names where sequences do: refused when registered,
+    # not when a Dask graph first calls them
+    ({"halo": 2}, r"halo=2 must be a function of the parameters, not a value: e\.g\. "
+                  r"halo=lambda ndim, \*\*params: \(2,\) \* ndim"),
+    ({"boundary": "reflect"}, r"boundary='reflect' must be a function of the parameters"),
+    ({"result_dtype": np.float32}, r"result_dtype=<class 'numpy\.float32'> must be a function"),
+    ({"result_dtype": np.dtype("f8")}, r"result_dtype=dtype\('float64'\) must be a function"),
+    ({"validate": 3}, r"validate=3 must be a function, or None"),
+    ({"supports": True}, r"supports=True must be a function, or None"),
+    ({"dtypes": "float32"}, r"dtypes='float32' must be a sequence of names, e\.g\. "
+                            r"dtypes=\('float32',\)"),
+    ({"operands": "other"}, r"operands='other' must be a sequence of names"),
+    ({"ndim": 2}, r"ndim=2; expected a \(min, max\) pair of dimension counts"),
+    ({"ndim": (1, 2, 3)}, r"ndim=\(1, 2, 3\); expected a \(min, max\) pair"),
 ])
 def test_kernelspec_validation(fields, message):
     base = {"name": "k", "cpu": _negate}
