@@ -174,6 +174,15 @@ def pipeline(steps: Iterable, *, strict: bool = False) -> Pipeline:
     along an axis must agree on the boundary there (both wrap around the array, or neither);
     the pipeline raises otherwise, when it is applied.
     """
+    one_step = isinstance(steps, (str, BlockFunction)) or (
+        isinstance(steps, tuple) and len(steps) == 2 and isinstance(steps[0], str)
+        and isinstance(steps[1], dict))
+    if one_step:  # a name would be read letter by letter
+        raise TypeError(f"pipeline() takes a list of steps; got one step, {steps!r}: wrap it in "
+                        f"a list, e.g. chunkernels.pipeline([{steps!r}])")
+    if not isinstance(steps, Iterable):
+        raise TypeError(f"pipeline() takes a list of steps (kernel names, (kernel_name, params) "
+                        f"pairs or chunkernels.blockwise(...) functions); got {steps!r}")
     built = [_step(s, strict) for s in steps]
     if not built:
         raise ValueError("pipeline() needs at least one step: a kernel name, a "
@@ -193,7 +202,6 @@ def _step(step: Any, strict: bool) -> BlockFunction:
         raise TypeError(f"pipeline step {step!r} is not a kernel name, a (kernel_name, params) "
                         f"pair with params a dict, nor a chunkernels.blockwise(...) function")
     spec = fn.spec
-    spec.check_parameters(fn.raw_params)  # a misspelt parameter is refused now, not when applied
     if spec.kind == "reduction":
         raise TypeError(f"pipeline step {spec.name} is a reduction: it combines the whole array, "
                         f"so it cannot run per chunk in a pipeline. Apply it to the pipeline's "
@@ -212,4 +220,6 @@ def _step(step: Any, strict: bool) -> BlockFunction:
             f"graph), so a pipeline, which runs every step on one chunk "
             f"at a time, would get it wrong. End the pipeline before it and apply it to the "
             f"pipeline's output: chunkernels.apply(p(x), {spec.name!r}, ...)")
+    # after what the step is: a kernel that cannot be a step says so, whatever its parameters
+    spec.check_parameters(fn.raw_params)  # a misspelt parameter is refused now, not when applied
     return fn

@@ -154,6 +154,12 @@ def test_boundaries_must_agree_where_halos_meet(kernels):
                                    r"step gets only the previous step's result"),
     (["mean_squared_error"], TypeError, r"pipeline step mean_squared_error is a reduction"),
     (["moving_sun"], UnknownKernelError, r"no kernel named 'moving_sun'; did you mean"),
+    # one step, not a list of them: a name alone was read letter by letter ("no kernel 'g'")
+    ("gaussian_filter", TypeError, r"^pipeline\(\) takes a list of steps; got one step, "
+                                   r"'gaussian_filter': wrap it in a list, e\.g\. "
+                                   r"chunkernels\.pipeline\(\['gaussian_filter'\]\)$"),
+    (("gaussian_filter", {"sigma": 1.0}), TypeError, r"got one step, \('gaussian_filter', "),
+    (None, TypeError, r"^pipeline\(\) takes a list of steps \(kernel names, .*; got None$"),
 ])
 def test_step_errors(kernels, steps, error, message):
     with pytest.raises(error, match=message):
@@ -164,8 +170,9 @@ def test_step_errors(kernels, steps, error, message):
     ["label"],
     [("moving_sum", {"radius": 1}), ("label", {"structure": None})],
     [("zoom", {"taps": [[[0]]], "weights": [[[1.0]]]})],
+    [("zoom", {})],  # its missing parameters are not what is wrong
     [chunkernels.blockwise("label")],
-], ids=["label", "label-last", "zoom", "blockwise-label"])
+], ids=["label", "label-last", "zoom", "zoom-no-params", "blockwise-label"])
 def test_steps_that_are_not_blockwise_are_refused_when_the_pipeline_is_built(kernels, steps):
     """Issue #20: ``pipeline(["label"])`` labelled each chunk alone, [1 0 1 0] where SciPy gives
     [1 0 2 0]; with a zoom step it failed only at compute. Both are refused before any graph."""
@@ -237,3 +244,8 @@ def test_pipeline_on_cupy_chunks(mode):
     got = chunkernels.pipeline(steps, strict=True)(x).compute()  # every step on the GPU
     assert chunkernels.cuda.is_cupy_array(got)
     assert_close(got, one_by_one(x_np, steps))
+
+
+def test_a_tuple_of_steps_is_a_list_of_steps():
+    assert [s.spec.name for s in chunkernels.pipeline(("uniform_filter", "sobel")).steps] == [
+        "uniform_filter", "sobel"]
