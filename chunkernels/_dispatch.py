@@ -15,10 +15,10 @@ from chunkernels._errors import (
     KernelResultError,
     UnsupportedBlockError,
 )
-from chunkernels._registry import KernelSpec
+from chunkernels._registry import KernelSpec, get
 
 
-def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
+def run_block(spec: KernelSpec | str, x, operands: Sequence[Any] = (),
               params: Mapping[str, Any] | None = None, *, strict: bool = False,
               out_dtype=None):
     """Compute kernel ``spec`` on block ``x`` (and its operand blocks); same array type out.
@@ -35,7 +35,19 @@ def run_block(spec: KernelSpec, x, operands: Sequence[Any] = (),
     shape ``spec.out_shape(x.shape, params)`` and the dtype ``out_dtype`` (the dtype the caller
     declared for the result, ``spec.out_dtype`` of the inputs by default; callers that run many
     blocks pass it, worked out once). A result that differs raises :class:`KernelResultError`.
+    ``spec`` may be a registered kernel's name.
     """
+    if isinstance(spec, str):
+        spec = get(spec)
+    elif not isinstance(spec, KernelSpec):
+        raise TypeError(f"run_block takes a KernelSpec or a registered kernel's name; got "
+                        f"{type(spec).__name__} {spec!r}")
+    if not isinstance(operands, (tuple, list)):
+        raise TypeError(f"run_block: operands must be a tuple of the operand blocks, e.g. (y,); "
+                        f"got {type(operands).__name__}")
+    if not (hasattr(x, "dtype") and hasattr(x, "shape")):
+        raise TypeError(f"run_block takes a NumPy or CuPy block; got {type(x).__name__}: "
+                        f"convert it first, e.g. numpy.asarray(x)")
     params = params or {}
     gpu = cuda.is_cupy_array(x)
     xp = cuda.cupy() if gpu else np

@@ -788,3 +788,16 @@ def test_blocks_persisted_on_a_cluster_stay_references():
         z = chunkernels.apply(x, "broadcast_add", np.arange(6.0))
         assert _dependencies(z)[(z.name, 1, 1)] == {(x.name, 1, 1)}
         np.testing.assert_array_equal(z.compute(), x_np + np.arange(6.0))
+
+
+def test_run_block_takes_a_kernels_name_and_refuses_what_is_not_a_block():
+    x, y = np.ones((2, 3)), np.arange(3.0)
+    np.testing.assert_array_equal(chunkernels.run_block("broadcast_add", x, (y,)), x + y)
+    with pytest.raises(TypeError, match=r"run_block takes a KernelSpec or a registered kernel's "
+                                        r"name; got int 3"):
+        chunkernels.run_block(3, x, (y,))
+    with pytest.raises(TypeError, match=r"operands must be a tuple of the operand blocks, e\.g\. "
+                                        r"\(y,\); got ndarray"):
+        chunkernels.run_block("broadcast_add", x, y)  # once iterated row by row
+    with pytest.raises(TypeError, match=r"takes a NumPy or CuPy block; got list"):
+        chunkernels.run_block("broadcast_add", [[1.0, 2.0, 3.0]], (y,))
