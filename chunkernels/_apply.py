@@ -215,6 +215,13 @@ def apply_kernel(kind: ArrayKind | None, x, kernel: str, operands=(),
         raise TypeError(f"apply takes a dask.array.Array, numpy.ndarray or cupy.ndarray; got "
                         f"{type(x).__module__}.{type(x).__name__} (convert it with np.asarray, "
                         f"cupy.asarray or dask.array.from_array)")
+    for name, value in (("strict", strict), ("align", align)):
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{spec.name}: {name}={value!r}; expected True or False")
+    for name, op in zip(spec.operands, operands):
+        if op is None or isinstance(op, (str, bytes)):
+            raise TypeError(f"{spec.name}: operand {name} is {type(op).__name__} {op!r}; expected "
+                            f"an array (NumPy, CuPy or Dask) or a number")
     # a graph that is not blockwise in x's chunks (labels, measurements) needs their sizes
     x = _graph.as_input(x, spec.name, "x", chunk_sizes=spec.dask_graph is not None)
     operands = tuple(_graph.native(o) if hasattr(o, "dtype") else o for o in operands)

@@ -164,6 +164,15 @@ BAD_INPUTS = (
         r"gaussian_filter got unknown parameter 'sigmaa' \(did you mean 'sigma'\?\); "
         r"gaussian_filter takes sigma \(required\), order, mode, cval, truncate, radius, axes, "
         r"output$"),
+    Bad(KERNELS, "chunkernels.apply(x, 'broadcast_add', 'a')", TypeError,
+        r"broadcast_add: operand other is str 'a'; expected an array \(NumPy, CuPy or Dask\) or "
+        r"a number$"),
+    Bad(KERNELS, "chunkernels.apply(d, 'broadcast_add', None)", TypeError,
+        r"broadcast_add: operand other is NoneType None; expected an array"),
+    Bad(KERNELS, "chunkernels.apply(x, 'broadcast_add', 1.0, strict='yes')", TypeError,
+        r"broadcast_add: strict='yes'; expected True or False$"),
+    Bad(KERNELS, "chunkernels.pipeline('gaussian_filter')", TypeError,
+        r"pipeline\(\) takes a list of steps; got one step, 'gaussian_filter': wrap it in a list"),
     Bad(KERNELS, "chunkernels.apply(x, 'gausian_filter', sigma=1)", UnknownKernelError,
         r"no kernel named 'gausian_filter'; did you mean 'gaussian_filter' or 'spline_filter' or "
         r"'gaussian_laplace'\? registered kernels: "),
