@@ -138,8 +138,16 @@ def blockwise(kernel: str, *, strict: bool = False, **params: Any) -> BlockFunct
     BlockFunction
         Callable on blocks, with ``.depth(ndim)``, ``.boundary``, ``.dtype(...)`` and
         ``.kwargs(x, *operands)`` for Dask.
+
+    Raises
+    ------
+    TypeError
+        A parameter the kernel does not take (a misspelling is named), refused now rather than
+        on the first block.
     """
-    return BlockFunction(get(kernel), params, strict=strict)
+    spec = get(kernel)
+    spec.check_parameters(params)
+    return BlockFunction(spec, params, strict=strict)
 
 
 # ``kind`` is positional-only: a kernel parameter of that name goes to ``params``

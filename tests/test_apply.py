@@ -465,6 +465,10 @@ def test_blockwise_repr_and_unknown_kernel(moving_sum):
     with pytest.raises(UnknownKernelError, match="no kernel named 'moving_summ'; did you mean "
                                                  "'moving_sum'"):
         chunkernels.blockwise("moving_summ")
+    # a misspelt parameter is refused when the block function is made, not on its first block
+    with pytest.raises(TypeError, match=r"moving_sum got unknown parameter 'radiuss' \(did you "
+                                        r"mean 'radius'\?\)"):
+        chunkernels.blockwise("moving_sum", radiuss=2)
 
 
 def test_blockwise_validates_parameters_per_ndim(moving_sum):
