@@ -466,9 +466,9 @@ def test_blockwise_repr_and_unknown_kernel(moving_sum):
                                                  "'moving_sum'"):
         chunkernels.blockwise("moving_summ")
     # a misspelt parameter is refused when the block function is made, not on its first block
-    with pytest.raises(TypeError, match=r"moving_sum got unknown parameter 'radiuss' \(did you "
-                                        r"mean 'radius'\?\)"):
-        chunkernels.blockwise("moving_sum", radiuss=2)
+    with pytest.raises(TypeError, match=r"gaussian_filter got unknown parameter 'sigmaa' \(did "
+                                        r"you mean 'sigma'\?\)"):
+        chunkernels.blockwise("gaussian_filter", sigmaa=2)
 
 
 def test_blockwise_validates_parameters_per_ndim(moving_sum):
