@@ -41,6 +41,7 @@ def check(names=None, *, seed: int = 0, gpu: bool | None = None,
     on a fresh GPU machine every kernel's first use compiles its CUDA code, so a full check takes
     minutes and should say how far it got.
     """
+    asked = gpu
     if gpu is None:
         gpu = cuda.gpu_count() > 0
     results = []
@@ -68,7 +69,9 @@ def check(names=None, *, seed: int = 0, gpu: bool | None = None,
                 detail = detail or f"case {i} (x {x.shape} {x.dtype}): {problem}"
             results.append(CheckResult(name, path, len(cases), passed, detail))
         if not gpu and spec.gpu is not None:
-            results.append(CheckResult(name, "gpu", 0, 0, "skipped: no CUDA GPU here"))
+            why = "skipped: the GPU path not asked for" if asked is False else (
+                "skipped: no CUDA GPU here")
+            results.append(CheckResult(name, "gpu", 0, 0, why))
         if progress is not None:
             progress(name, results[done:])
     return results

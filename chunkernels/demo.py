@@ -111,7 +111,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--seed", type=whole_number, default=0, metavar="S",
                         help="seed of the synthetic sky (default 0)")
     parser.add_argument("--out", default="chunkernels-demo", metavar="DIR",
-                        help="folder for catalogue.csv and preview.png (default ./chunkernels-demo)")
+                        help="folder for catalogue.csv, injected.csv (a synthetic sky's sources) and "
+                             "preview.png (default ./chunkernels-demo)")
     parser.add_argument("--no-validate", dest="validate", action="store_false",
                         help="skip the validation against the lesson's CPU code (on by default; "
                              "on a big image it takes longer than everything else)")

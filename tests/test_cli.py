@@ -145,6 +145,9 @@ def test_check_cpu_only_flag_and_names(capsys, moving_sum):
     assert "GPU part skipped: --cpu-only given" in out
     assert "moving_sum  cpu, dask chunks  2      pass" in out
     assert "broadcast_add" not in out
+    # a kernel with a GPU path: its row says why it was skipped, as the footer does
+    code, out, _ = run(capsys, "check", "--cpu-only", "broadcast_add")
+    assert code == 0 and "skipped: the GPU path not asked for" in out
 
 
 def test_check_reports_a_kernel_that_depends_on_its_chunking(capsys):
