@@ -48,16 +48,18 @@ class Pipeline:
         return tuple(int(d) for d in np.sum(
             [step.spec.depth(ndim, step.params(ndim)) for step in self.steps], axis=0))
 
-    def boundary(self, ndim: int) -> tuple[str, ...]:
-        """Boundary per axis; steps with a halo along an axis must agree on it."""
+    def boundary(self, ndim: int, axes=None) -> tuple[str, ...]:
+        """Boundary per axis; steps with a halo along an axis must agree on it. ``axes``: the
+        axes a halo is exchanged along (default every axis); along the others (one chunk), each
+        step's own edge mode applies and nothing needs to agree."""
         chosen: dict[int, tuple[str, str]] = {}
         for step in self.steps:
             params = step.params(ndim)
             depth = step.spec.depth(ndim, params)
             per_axis = _halo.boundaries(step.spec.boundary(**params), ndim, step.spec.name)
             for axis, (d, b) in enumerate(zip(depth, per_axis)):
-                if d == 0:
-                    continue  # a step without a halo along this axis does not care
+                if d == 0 or (axes is not None and axis not in axes):
+                    continue  # no halo of this step (or of any block) along this axis
                 first = chosen.setdefault(axis, (step.spec.name, b))
                 if first[1] != b:
                     raise ValueError(
@@ -106,7 +108,7 @@ class Pipeline:
         dtype = self.dtype(x.dtype, x.ndim)
         meta = kind.meta(dtype, x.ndim)
         depth = tuple(0 if len(c) == 1 else d for c, d in zip(x.chunks, self.depth(x.ndim)))
-        boundary = self.boundary(x.ndim)
+        boundary = self.boundary(x.ndim, [axis for axis, d in enumerate(depth) if d])
         if not any(depth):
             return _graph.map_blocks(run, f"{self.name}-{_graph.tokenize(run, x)}", x, [], dtype,
                                      meta)
@@ -171,8 +173,8 @@ def pipeline(steps: Iterable, *, strict: bool = False) -> Pipeline:
     A step must be chunk-local: its result on a block, given the block's halo, must be its result
     on the whole array there. A step that needs the whole array (a global merge of labels across
     chunks, a reduction) ends a pipeline: run it on the pipeline's output. Steps whose halos meet
-    along an axis must agree on the boundary there (both wrap around the array, or neither);
-    the pipeline raises otherwise, when it is applied.
+    along an axis of several chunks must agree on the boundary there (both wrap around the
+    array, or neither); the pipeline raises otherwise, when it is applied to such an array.
     """
     one_step = isinstance(steps, (str, BlockFunction)) or (
         isinstance(steps, tuple) and len(steps) == 2 and isinstance(steps[0], str)

@@ -137,6 +137,12 @@ def test_boundaries_must_agree_where_halos_meet(kernels):
                                          r"moving_sum needs a 'periodic' boundary and moving_sum "
                                          r"a 'none' one .* or split the pipeline between them"):
         p(da.zeros((2, 6), chunks=3))
+    # along an axis of one chunk no halo is exchanged: each step's own edge mode applies there,
+    # as on a NumPy array
+    x_np = random_array(np.random.default_rng(5), (2, 6), "int64")
+    want = one_by_one(x_np, [("moving_sum", {"mode": "wrap"}), ("moving_sum", {"mode": "reflect"})])
+    assert_close(p(x_np), want)
+    assert_close(p(da.from_array(x_np, chunks=(1, 6))).compute(), want)
     # halos on different axes do not meet: wrap along 0 and reflect along 1 go together
     steps = [("box_sum", {"radius": (1, 0), "mode": "wrap"}),
              ("box_sum", {"radius": (0, 1), "mode": "reflect"})]
