@@ -249,15 +249,7 @@ class KernelSpec:
         for field in ("entries", "dtypes", "operands", "skimage"):
             value = getattr(self, field)
             if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-                bad(f"{field}={value!r} must be a sequence of names, e.g. {field}=({value!r},)"
-                    if isinstance(value, str) else f"{field}={value!r} must be a sequence")
-        if (not isinstance(self.ndim, (tuple, list)) or len(self.ndim) != 2
-                or not all(isinstance(n, numbers.Integral) and not isinstance(n, bool)
-                           for n in self.ndim[:1])
-                or not (self.ndim[1] is None or (isinstance(self.ndim[1], numbers.Integral)
-                                                 and not isinstance(self.ndim[1], bool)))):
-            bad(f"ndim={self.ndim!r}; expected a (min, max) pair of dimension counts, max None "
-                f"for any, e.g. ndim=(2, 2) for 2-D only")
+                bad(f"{field}={value!r} must be a sequence of names, e.g. {field}=({value!r},)")
         if self.source is not None and self.code is not None:
             bad("give either source (a file in kernels_cuda/) or code (inline), not both")
         if self.source is not None and not _SOURCE_FILE.fullmatch(self.source):
@@ -267,6 +259,13 @@ class KernelSpec:
                 np.dtype(dt)
             except TypeError:
                 bad(f"dtypes: {dt!r} is not a NumPy dtype (write names like 'float32')")
+        def count(n):
+            return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+        if not (isinstance(self.ndim, (tuple, list)) and len(self.ndim) == 2
+                and count(self.ndim[0]) and (self.ndim[1] is None or count(self.ndim[1]))):
+            bad(f"ndim={self.ndim!r}; expected a (min, max) pair of dimension counts, max None "
+                f"for any, e.g. ndim=(2, 2) for 2-D only")
         lo, hi = self.ndim
         if lo < 0 or (hi is not None and hi < lo):
             bad(f"ndim={self.ndim!r} is not a (min, max) range")

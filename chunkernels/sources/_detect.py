@@ -82,7 +82,7 @@ class Sources(tuple):
         column = self.catalogue.get("label") if isinstance(self.catalogue, dict) else None
         shape = getattr(column, "shape", None)
         # a lazy catalogue (Dask input) does not know its length before it is computed
-        n = ("?" if shape is None or len(shape) != 1 or shape[0] != shape[0]
+        n = ("?" if shape is None or len(shape) != 1 or math.isnan(shape[0])
              else int(shape[0]))
         return (f"Sources({n} sources above {self.threshold:.6g}; background median "
                 f"{float(self.background.median):.6g}, std {self.background.std:.6g})")
